@@ -1,0 +1,427 @@
+"""RealFormer encoder-decoder transformer with ADMIN initialisation for fairseq.
+
+He, Ravula, Kanagal, Ainslie. "RealFormer: Transformer Likes Residual Attention"
+(arXiv 2012.11747); Liu et al. "Understanding the Difficulty of Training
+Transformers" (arXiv 2004.08249) and "Very Deep Transformers for NMT" (2008.07772).
+
+Three separate residual score chains: encoder self-attention (``encoder``),
+decoder self-attention (``decoder``) and decoder cross-attention (``cross``).
+"""
+
+import logging
+from typing import Any, Dict, List, Optional
+
+import torch
+from fairseq import utils
+from fairseq.distributed import fsdp_wrap
+from fairseq.models import register_model, register_model_architecture
+from fairseq.models.transformer import (
+    TransformerDecoder,
+    TransformerEncoder,
+    TransformerModel,
+    base_architecture,
+)
+from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from torch import Tensor
+
+from ..errors import RealformerConfigError, exit_on_config_error
+from ..modules.admin import INIT_TYPES, AdminProfilingMixin, set_closed_form_omega
+from ..modules.realformer_layer import (
+    RealformerDecoderLayer,
+    RealformerEncoderLayer,
+    check_chain_heads,
+    parse_residual_chains,
+)
+from ..modules.residual_attention import RESIDUAL_ATTENTION_MODES
+
+logger = logging.getLogger(__name__)
+
+
+def _wrap_layer(layer, args):
+    """fairseq's activation checkpointing / FSDP wrapping of a layer (as in
+    ``TransformerEncoderBase.build_encoder_layer``)."""
+    checkpoint = utils.safe_getattr(args, "checkpoint_activations", False)
+    if checkpoint:
+        layer = checkpoint_wrapper(
+            layer, offload_to_cpu=utils.safe_getattr(args, "offload_activations", False)
+        )
+    min_params_to_wrap = utils.safe_getattr(args, "min_params_to_wrap", 1e8) if not checkpoint else 0
+    return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
+
+
+class RealformerTransformerEncoder(TransformerEncoder):
+    """fairseq :class:`TransformerEncoder` whose layer loop threads the
+    encoder self-attention score stream."""
+
+    def __init__(self, args, dictionary, embed_tokens, return_fc=False):
+        if return_fc:
+            raise RealformerConfigError("realformer encoders do not support return_fc")
+        super().__init__(args, dictionary, embed_tokens)
+        check_chain_heads(self.layers, "self_attn", "encoder")
+
+    def build_encoder_layer(self, args):
+        return _wrap_layer(RealformerEncoderLayer(args), args)
+
+    def forward_scriptable(
+        self,
+        src_tokens,
+        src_lengths: Optional[torch.Tensor] = None,
+        return_all_hiddens: bool = False,
+        token_embeddings: Optional[torch.Tensor] = None,
+    ):
+        """Mirrors fairseq 0.12.3 ``TransformerEncoderBase.forward_scriptable``;
+        the layer loop passes ``prev_attn_scores`` from layer to layer."""
+        encoder_padding_mask = src_tokens.eq(self.padding_idx)
+        has_pads = encoder_padding_mask.any()
+
+        x, encoder_embedding = self.forward_embedding(src_tokens, token_embeddings)
+        # account for padding while computing the representation
+        x = x * (1 - encoder_padding_mask.unsqueeze(-1).type_as(x) * has_pads.type_as(x))
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+
+        encoder_states = [x] if return_all_hiddens else []
+        attn_scores: Optional[Tensor] = None  # (bsz*heads, src_len, src_len)
+        for idx, layer in enumerate(self.layers):
+            x, attn_scores = layer(
+                x,
+                encoder_padding_mask=encoder_padding_mask if has_pads else None,
+                prev_attn_scores=attn_scores,
+                layer_idx=idx,
+            )
+            if return_all_hiddens:
+                encoder_states.append(x)
+
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+
+        src_lengths = (
+            src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+        )
+        return {
+            "encoder_out": [x],  # T x B x C
+            "encoder_padding_mask": [encoder_padding_mask],  # B x T
+            "encoder_embedding": [encoder_embedding],  # B x T x C
+            "encoder_states": encoder_states,  # List[T x B x C]
+            "fc_results": [],
+            "src_tokens": [],
+            "src_lengths": [src_lengths],
+        }
+
+
+class RealformerTransformerDecoder(TransformerDecoder):
+    """fairseq :class:`TransformerDecoder` whose layer loop threads the decoder
+    self-attention and cross-attention score streams.
+
+    Incremental decoding needs no extra state: at step t the self-attention
+    stream is the new query row ``(bsz*heads, 1, t)`` and the cross-attention
+    stream ``(bsz*heads, 1, src_len)``; both are recomputed layer by layer from
+    the cached keys, so beam reordering is fairseq's own.
+    """
+
+    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+        super().__init__(
+            args,
+            dictionary,
+            embed_tokens,
+            no_encoder_attn=no_encoder_attn,
+            output_projection=output_projection,
+        )
+        check_chain_heads(self.layers, "self_attn", "decoder")
+        check_chain_heads(self.layers, "encoder_attn", "cross")
+
+    def build_decoder_layer(self, args, no_encoder_attn=False):
+        return _wrap_layer(RealformerDecoderLayer(args, no_encoder_attn), args)
+
+    def extract_features_scriptable(
+        self,
+        prev_output_tokens,
+        encoder_out: Optional[Dict[str, List[Tensor]]],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        """Mirrors fairseq 0.12.3 ``TransformerDecoderBase.extract_features_scriptable``
+        (without cross-self-attention); the layer loop passes both streams on."""
+        if alignment_layer is None:
+            alignment_layer = self.num_layers - 1
+
+        enc: Optional[Tensor] = None
+        padding_mask: Optional[Tensor] = None
+        if encoder_out is not None and len(encoder_out["encoder_out"]) > 0:
+            enc = encoder_out["encoder_out"][0]
+        if encoder_out is not None and len(encoder_out["encoder_padding_mask"]) > 0:
+            padding_mask = encoder_out["encoder_padding_mask"][0]
+
+        positions = None
+        if self.embed_positions is not None:
+            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        if incremental_state is not None:
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            if positions is not None:
+                positions = positions[:, -1:]
+
+        prev_output_tokens = prev_output_tokens.contiguous()
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        if self.quant_noise is not None:
+            x = self.quant_noise(x)
+        if self.project_in_dim is not None:
+            x = self.project_in_dim(x)
+        if positions is not None:
+            x += positions
+        if self.layernorm_embedding is not None:
+            x = self.layernorm_embedding(x)
+        x = self.dropout_module(x)
+        x = x.transpose(0, 1)  # B x T x C -> T x B x C
+
+        self_attn_padding_mask: Optional[Tensor] = None
+        if prev_output_tokens.eq(self.padding_idx).any():
+            self_attn_padding_mask = prev_output_tokens.eq(self.padding_idx)
+
+        attn: Optional[Tensor] = None
+        inner_states: List[Optional[Tensor]] = [x]
+        self_attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, tgt_len)
+        cross_attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, src_len)
+        for idx, layer in enumerate(self.layers):
+            if incremental_state is None and not full_context_alignment:
+                self_attn_mask = self.buffered_future_mask(x)
+            else:
+                self_attn_mask = None
+            x, layer_attn, self_attn_scores, cross_attn_scores = layer(
+                x,
+                enc,
+                padding_mask,
+                incremental_state,
+                self_attn_mask=self_attn_mask,
+                self_attn_padding_mask=self_attn_padding_mask,
+                need_attn=bool(idx == alignment_layer),
+                need_head_weights=bool(idx == alignment_layer),
+                prev_self_attn_scores=self_attn_scores,
+                prev_cross_attn_scores=cross_attn_scores,
+                layer_idx=idx,
+            )
+            inner_states.append(x)
+            if layer_attn is not None and idx == alignment_layer:
+                attn = layer_attn.float().to(x)
+
+        if attn is not None:
+            if alignment_heads is not None:
+                attn = attn[:alignment_heads]
+            attn = attn.mean(dim=0)  # average probabilities over heads
+
+        if self.layer_norm is not None:
+            x = self.layer_norm(x)
+        x = x.transpose(0, 1)  # T x B x C -> B x T x C
+        if self.project_out_dim is not None:
+            x = self.project_out_dim(x)
+        return x, {"attn": [attn], "inner_states": inner_states}
+
+
+def add_realformer_args(parser):
+    """The flags this plugin adds to every model it registers."""
+    parser.add_argument(
+        "--residual-attention",
+        metavar="CHAINS",
+        help="residual attention (RealFormer) chains: 'all', 'none' or a comma list of "
+        "encoder (encoder self-attn), decoder (decoder self-attn), cross (encoder-decoder attn)",
+    )
+    parser.add_argument(
+        "--residual-attention-mode",
+        choices=RESIDUAL_ATTENTION_MODES,
+        help="sum: softmax over the running sum of scores; mean: over the running "
+        "mean (the stream passed on stays the sum; the paper's NMT setting)",
+    )
+    parser.add_argument(
+        "--init-type",
+        choices=INIT_TYPES,
+        help="default: fairseq's init; admin: ADMIN omega profiled on the first "
+        "training batch; admin-closed-form: admin-torch's data-free omega",
+    )
+    parser.add_argument(
+        "--admin-profile-out",
+        metavar="FILE",
+        help="with --init-type admin: write the profiled omega to this JSON file",
+    )
+    parser.add_argument(
+        "--admin-allow-pre-ln",
+        action="store_true",
+        help="allow --init-type admin* with Pre-LN (ADMIN is meant for Post-LN)",
+    )
+
+
+def validate_realformer_args(args, chains_used=("encoder", "decoder", "cross")):
+    """Start-up checks of the plugin's flags; raises RealformerConfigError."""
+    chains = parse_residual_chains(utils.safe_getattr(args, "residual_attention", "none"))
+    chains &= set(chains_used)
+    mode = utils.safe_getattr(args, "residual_attention_mode", None)
+    if mode is not None and not chains:
+        raise RealformerConfigError(
+            f"--residual-attention-mode {mode} needs residual attention on "
+            "(--residual-attention is 'none' for this architecture)"
+        )
+    init_type = utils.safe_getattr(args, "init_type", "default")
+    pre_ln = utils.safe_getattr(args, "encoder_normalize_before", False) or (
+        "decoder" in chains_used and utils.safe_getattr(args, "decoder_normalize_before", False)
+    )
+    if init_type != "default" and pre_ln and not utils.safe_getattr(args, "admin_allow_pre_ln", False):
+        raise RealformerConfigError(
+            f"--init-type {init_type} is for Post-LN models, but this one is Pre-LN "
+            "(--encoder/decoder-normalize-before); pass --admin-allow-pre-ln to use it anyway"
+        )
+    if utils.safe_getattr(args, "admin_profile_out", None) and init_type != "admin":
+        raise RealformerConfigError("--admin-profile-out needs --init-type admin")
+
+
+@register_model("realformer_transformer")
+class RealformerTransformerModel(AdminProfilingMixin, TransformerModel):
+    """fairseq's :class:`TransformerModel` with RealFormer residual attention
+    (per chain) and ADMIN initialisation."""
+
+    def __init__(self, args, encoder, decoder):
+        super().__init__(args, encoder, decoder)
+        self.register_admin_state(
+            utils.safe_getattr(args, "init_type", "default"),
+            utils.safe_getattr(args, "admin_profile_out", None),
+        )
+        if self.admin_init_type == "admin-closed-form":
+            set_closed_form_omega(
+                self,
+                {"encoder": 2 * len(encoder.layers), "decoder": 3 * len(decoder.layers)},
+            )
+            self.admin_profiled.fill_(1)
+
+    @classmethod
+    def add_args(cls, parser):
+        super().add_args(parser)
+        add_realformer_args(parser)
+
+    @classmethod
+    @exit_on_config_error
+    def build_model(cls, args, task):
+        realformer_base_architecture(args)
+        validate_realformer_args(args)
+        return super().build_model(args, task)
+
+    @classmethod
+    def build_encoder(cls, args, src_dict, embed_tokens):
+        return RealformerTransformerEncoder(args, src_dict, embed_tokens)
+
+    @classmethod
+    def build_decoder(cls, args, tgt_dict, embed_tokens):
+        return RealformerTransformerDecoder(
+            args,
+            tgt_dict,
+            embed_tokens,
+            no_encoder_attn=utils.safe_getattr(args, "no_cross_attention", False),
+        )
+
+    def forward(
+        self,
+        src_tokens,
+        src_lengths,
+        prev_output_tokens,
+        return_all_hiddens: bool = True,
+        features_only: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+    ):
+        if self.needs_admin_profiling():
+            self.admin_profile(src_tokens, src_lengths, prev_output_tokens)
+        return super().forward(
+            src_tokens,
+            src_lengths,
+            prev_output_tokens,
+            return_all_hiddens=return_all_hiddens,
+            features_only=features_only,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+        )
+
+
+# Architectures. Defaults live here only; each arch function sets what it
+# changes with safe_getattr and calls its parent last.
+
+
+@register_model_architecture("realformer_transformer", "realformer_transformer")
+def realformer_base_architecture(args):
+    args.residual_attention = utils.safe_getattr(args, "residual_attention", "all")
+    chains = parse_residual_chains(args.residual_attention)
+    if chains:
+        args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", "mean")
+    else:
+        args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", None)
+    args.init_type = utils.safe_getattr(args, "init_type", "admin")
+    args.admin_profile_out = utils.safe_getattr(args, "admin_profile_out", None)
+    args.admin_allow_pre_ln = utils.safe_getattr(args, "admin_allow_pre_ln", False)
+    base_architecture(args)
+
+
+def _wmt_en_fr(args):
+    """The paper's NMT width: 512/2048, 8 heads, Post-LN, shared embeddings."""
+    args.encoder_embed_dim = utils.safe_getattr(args, "encoder_embed_dim", 512)
+    args.encoder_ffn_embed_dim = utils.safe_getattr(args, "encoder_ffn_embed_dim", 2048)
+    args.encoder_attention_heads = utils.safe_getattr(args, "encoder_attention_heads", 8)
+    args.decoder_embed_dim = utils.safe_getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
+    args.decoder_ffn_embed_dim = utils.safe_getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
+    args.decoder_attention_heads = utils.safe_getattr(args, "decoder_attention_heads", 8)
+    args.encoder_normalize_before = utils.safe_getattr(args, "encoder_normalize_before", False)
+    args.decoder_normalize_before = utils.safe_getattr(args, "decoder_normalize_before", False)
+    args.share_all_embeddings = utils.safe_getattr(args, "share_all_embeddings", True)
+    args.dropout = utils.safe_getattr(args, "dropout", 0.1)
+
+
+def _tiny(args):
+    """For tests on CPU: 64 wide, 2 heads, 2L-2L."""
+    args.encoder_embed_dim = utils.safe_getattr(args, "encoder_embed_dim", 64)
+    args.encoder_ffn_embed_dim = utils.safe_getattr(args, "encoder_ffn_embed_dim", 128)
+    args.encoder_attention_heads = utils.safe_getattr(args, "encoder_attention_heads", 2)
+    args.decoder_embed_dim = utils.safe_getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
+    args.decoder_ffn_embed_dim = utils.safe_getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
+    args.decoder_attention_heads = utils.safe_getattr(args, "decoder_attention_heads", 2)
+    args.encoder_layers = utils.safe_getattr(args, "encoder_layers", 2)
+    args.decoder_layers = utils.safe_getattr(args, "decoder_layers", 2)
+
+
+# size name -> (width function, encoder layers, decoder layers)
+ARCH_SIZES = {
+    "wmt_en_fr": (_wmt_en_fr, 6, 6),
+    "wmt_en_fr_18_18": (_wmt_en_fr, 18, 18),
+    "wmt_en_fr_60_12": (_wmt_en_fr, 60, 12),
+    "tiny": (_tiny, 2, 2),
+}
+
+# variant prefix -> defaults for the plugin's own flags
+ARCH_VARIANTS = {
+    # the paper's system: RealFormer (running mean, all three chains) + ADMIN
+    "realformer": {"residual_attention": "all", "init_type": "admin"},
+    # baselines at the same sizes
+    "admin_transformer": {"residual_attention": "none", "init_type": "admin"},
+    "postln_transformer": {"residual_attention": "none", "init_type": "default"},
+    "preln_transformer": {
+        "residual_attention": "none",
+        "init_type": "default",
+        "encoder_normalize_before": True,
+        "decoder_normalize_before": True,
+    },
+}
+
+
+def _make_architecture(variant_defaults: Dict[str, Any], size_fn, enc_layers: int, dec_layers: int):
+    def architecture(args):
+        for key, value in variant_defaults.items():
+            setattr(args, key, utils.safe_getattr(args, key, value))
+        args.encoder_layers = utils.safe_getattr(args, "encoder_layers", enc_layers)
+        args.decoder_layers = utils.safe_getattr(args, "decoder_layers", dec_layers)
+        size_fn(args)
+        realformer_base_architecture(args)
+
+    return architecture
+
+
+ARCHITECTURES = {}
+for _variant, _defaults in ARCH_VARIANTS.items():
+    for _size, (_size_fn, _enc, _dec) in ARCH_SIZES.items():
+        _name = f"{_variant}_{_size}"
+        ARCHITECTURES[_name] = register_model_architecture("realformer_transformer", _name)(
+            _make_architecture(_defaults, _size_fn, _enc, _dec)
+        )

@@ -1,0 +1,201 @@
+"""ADMIN initialisation: an omega-scaled residual for Post-LN sublayers.
+
+Liu, Liu, Gao, Chen, Han. "Understanding the Difficulty of Training Transformers".
+EMNLP 2020 (arXiv 2004.08249); Liu, Duh, Liu, Gao. "Very Deep Transformers for Neural
+Machine Translation" (arXiv 2008.07772).
+
+Every Post-LN sublayer ``i`` computes ``LN(x * omega_i + f_i(x))``. ``omega`` is set
+either by *profiling* one training batch, as the reference implementation
+(Transformer-Clinic) does, or by admin-torch's data-free closed form.
+
+Profiling walks the sublayers of one stack (encoder, or decoder) in execution
+order with a running ratio ``r`` that starts at 1: sublayer ``i`` uses
+``omega_i = r``, then ``r <- sqrt(Var[x * omega_i] + Var[f_i(x)])``. Unlike the
+reference, it happens inside the first training forward of ``fairseq-train``
+(no second run, no ratio file, no globals), and ``omega`` lives in the state dict.
+
+``omega = omega_init + omega_delta``: ``omega_init`` is a buffer holding the
+profiled scalar, ``omega_delta`` a per-dimension parameter that starts at zero.
+The gradient and optimizer updates are those of a per-dimension ``omega``
+initialised to the profiled value (as in the reference); the split keeps the
+profiled value when fairseq's FP16 optimizer holds float32 master copies of the
+parameters made before profiling ran. (Weight decay pulls omega towards
+``omega_init`` rather than towards 0.)
+"""
+
+import contextlib
+import logging
+import math
+from typing import Dict, Iterator, List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+logger = logging.getLogger(__name__)
+
+INIT_TYPES = ("default", "admin", "admin-closed-form")
+
+
+def admin_closed_form_omega(num_residual_layers: int) -> float:
+    """admin-torch's data-free omega for O(log N) output change:
+    ``sqrt((N + 1) / ln(N + 1) - 1)`` for N residual sublayers."""
+    if num_residual_layers < 1:
+        raise ValueError(f"need at least one residual layer, got {num_residual_layers}")
+    n = num_residual_layers + 1
+    return math.sqrt(n / math.log(n) - 1.0)
+
+
+def admin_next_ratio(scaled_residual: Tensor, branch_output: Tensor) -> float:
+    """One profiling step: ``sqrt(Var[x * omega] + Var[f(x)])`` over all elements
+    (the reference computes both variances over the flattened tensors)."""
+    return math.sqrt(
+        scaled_residual.detach().float().var().item()
+        + branch_output.detach().float().var().item()
+    )
+
+
+class AdminProfiler:
+    """Running ratios of one profiling pass, one chain per stack."""
+
+    def __init__(self):
+        self.ratios: Dict[str, float] = {}
+        self.trace: List[dict] = []
+
+    def omega_for(self, chain: str) -> float:
+        return self.ratios.setdefault(chain, 1.0)
+
+    def update(self, chain: str, name: str, omega: float, scaled_residual, branch_output):
+        self.ratios[chain] = admin_next_ratio(scaled_residual, branch_output)
+        self.trace.append({"module": name, "chain": chain, "omega": omega})
+
+
+class AdminResidual(nn.Module):
+    """``residual * omega + x`` (ADMIN) or ``residual + x`` (``admin=False``).
+
+    With ``admin=False`` it has no parameters and computes exactly fairseq's
+    ``residual_connection``.
+    """
+
+    def __init__(self, embed_dim: int, admin: bool, chain: str = "encoder"):
+        super().__init__()
+        self.admin = admin
+        self.chain = chain
+        self.profiler: Optional[AdminProfiler] = None
+        self.profile_name = ""
+        if admin:
+            self.register_buffer("omega_init", torch.ones(()))
+            self.omega_delta = nn.Parameter(torch.zeros(embed_dim))
+
+    def omega(self) -> Tensor:
+        return self.omega_init + self.omega_delta
+
+    def forward(self, x: Tensor, residual: Tensor) -> Tensor:
+        if not self.admin:
+            return residual + x
+        if self.profiler is not None:
+            value = self.profiler.omega_for(self.chain)
+            self.omega_init.fill_(value)
+            scaled = residual * self.omega()
+            self.profiler.update(self.chain, self.profile_name, value, scaled, x)
+            return scaled + x
+        return residual * self.omega() + x
+
+    def extra_repr(self) -> str:
+        return f"admin={self.admin}, chain={self.chain}"
+
+
+def admin_residuals(model: nn.Module) -> Iterator[AdminResidual]:
+    for module in model.modules():
+        if isinstance(module, AdminResidual) and module.admin:
+            yield module
+
+
+@contextlib.contextmanager
+def admin_profiling(model: nn.Module) -> Iterator[AdminProfiler]:
+    """Within the block, forwards of ``model`` profile ADMIN's omega in place."""
+    profiler = AdminProfiler()
+    residuals = []
+    for name, module in model.named_modules():
+        if isinstance(module, AdminResidual) and module.admin:
+            module.profiler, module.profile_name = profiler, name
+            residuals.append(module)
+    try:
+        yield profiler
+    finally:
+        for module in residuals:
+            module.profiler = None
+
+
+def set_closed_form_omega(model: nn.Module, num_residual_layers: Dict[str, int]):
+    """Fill omega_init of every ADMIN residual from admin-torch's closed form,
+    with N counted per chain (``{"encoder": 2 * L_enc, "decoder": ...}``)."""
+    for module in admin_residuals(model):
+        module.omega_init.fill_(admin_closed_form_omega(num_residual_layers[module.chain]))
+
+
+def broadcast_omega(model: nn.Module, src: int = 0):
+    """Give every distributed rank rank ``src``'s profiled omega."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return
+    residuals = list(admin_residuals(model))
+    if not residuals:
+        return
+    flat = torch.stack([m.omega_init.detach().float() for m in residuals])
+    dist.broadcast(flat, src=src)
+    for module, value in zip(residuals, flat):
+        module.omega_init.fill_(value.item())
+
+
+class AdminProfilingMixin:
+    """For models with ADMIN residuals: profile omega on the first training
+    forward (dropout on, no gradient), unless the state dict says it was done.
+
+    The model must register the buffer ``admin_profiled`` (0 until profiled) and
+    set ``admin_init_type``.
+    """
+
+    admin_init_type: str = "default"
+    admin_profile_out: Optional[str] = None
+
+    def register_admin_state(self, init_type: str, profile_out: Optional[str] = None):
+        if init_type not in INIT_TYPES:
+            raise ValueError(f"--init-type must be one of {INIT_TYPES}, got {init_type!r}")
+        self.admin_init_type = init_type
+        self.admin_profile_out = profile_out
+        self.register_buffer("admin_profiled", torch.zeros((), dtype=torch.uint8))
+
+    def needs_admin_profiling(self) -> bool:
+        return (
+            self.admin_init_type == "admin"
+            and self.training
+            and not bool(self.admin_profiled)
+            and not getattr(self, "_admin_profiling_now", False)
+        )
+
+    def admin_profile(self, *args, **kwargs) -> Dict[str, float]:
+        """Run one forward on this batch with profiling on and store omega."""
+        self._admin_profiling_now = True
+        try:
+            with torch.no_grad(), admin_profiling(self) as profiler:
+                self(*args, **kwargs)
+        finally:
+            self._admin_profiling_now = False
+        broadcast_omega(self)
+        self.admin_profiled.fill_(1)
+        omegas = {
+            name: float(m.omega_init)
+            for name, m in self.named_modules()
+            if isinstance(m, AdminResidual) and m.admin
+        }
+        logger.info(
+            "ADMIN profiling done on the first training batch: %d sublayers, omega %s",
+            len(omegas),
+            ", ".join(f"{v:.3f}" for v in omegas.values()),
+        )
+        if self.admin_profile_out and (not dist.is_initialized() or dist.get_rank() == 0):
+            import json
+
+            with open(self.admin_profile_out, "w", encoding="utf-8") as fh:
+                json.dump({"omega": omegas, "profiling_order": profiler.trace}, fh, indent=1)
+        return omegas

@@ -1,0 +1,321 @@
+"""Transformer layers that thread RealFormer score streams and ADMIN residuals.
+
+He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747);
+Liu et al., "Understanding the Difficulty of Training Transformers" (arXiv 2004.08249).
+
+A layer takes ``prev_attn_scores`` for each of its attention chains and returns
+its own ``attn_scores`` (``None`` where the chain is off). Where a chain is off,
+the attention module is fairseq's own ``MultiheadAttention`` (fused path and all).
+"""
+
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from fairseq import utils
+from fairseq.models.transformer import TransformerConfig
+from fairseq.modules import TransformerDecoderLayer, TransformerEncoderLayer
+from torch import Tensor
+
+from ..errors import RealformerConfigError
+from .admin import AdminResidual
+from .residual_attention import RealformerMultiheadAttention
+
+ResidualOptions = Dict[str, object]
+RESIDUAL_CHAINS = ("encoder", "decoder", "cross")
+
+
+def parse_residual_chains(value: Optional[str]) -> set:
+    """``--residual-attention`` value: ``all``, ``none`` or a comma list of
+    ``encoder`` (encoder self-attention), ``decoder`` (decoder self-attention)
+    and ``cross`` (decoder encoder-attention)."""
+    if value is None or value == "none" or value == "":
+        return set()
+    if value == "all":
+        return set(RESIDUAL_CHAINS)
+    chains = {c.strip() for c in value.split(",") if c.strip()}
+    unknown = chains - set(RESIDUAL_CHAINS)
+    if unknown:
+        raise RealformerConfigError(
+            f"--residual-attention: unknown chain(s) {sorted(unknown)}; use 'all', "
+            f"'none' or a comma list of {', '.join(RESIDUAL_CHAINS)}"
+        )
+    return chains
+
+
+def realformer_layer_options(args) -> ResidualOptions:
+    """The per-layer switches, read from the (legacy, flat) model args."""
+    chains = parse_residual_chains(utils.safe_getattr(args, "residual_attention", "none"))
+    return {
+        "chains": chains,
+        "mode": utils.safe_getattr(args, "residual_attention_mode", None) or "sum",
+        "admin": utils.safe_getattr(args, "init_type", "default") in ("admin", "admin-closed-form"),
+    }
+
+
+class RealformerEncoderLayer(TransformerEncoderLayer):
+    """Encoder layer with a residual self-attention chain (``"encoder"``) and
+    ADMIN residuals, built on fairseq's :class:`TransformerEncoderLayer`."""
+
+    def __init__(self, args):
+        # read by build_self_attention, which fairseq's __init__ calls
+        self.realformer_options = realformer_layer_options(args)
+        super().__init__(args)
+        admin = self.realformer_options["admin"]
+        self.self_attn_residual = AdminResidual(self.embed_dim, admin, chain="encoder")
+        self.ffn_residual = AdminResidual(self.embed_dim, admin, chain="encoder")
+
+    @property
+    def residual_self_attention(self) -> bool:
+        return "encoder" in self.realformer_options["chains"]
+
+    def build_self_attention(self, embed_dim, args):
+        if "encoder" not in self.realformer_options["chains"]:
+            return super().build_self_attention(embed_dim, args)
+        cfg = TransformerConfig.from_namespace(args)
+        return RealformerMultiheadAttention(
+            embed_dim,
+            cfg.encoder.attention_heads,
+            residual_attention_mode=self.realformer_options["mode"],
+            dropout=cfg.attention_dropout,
+            self_attention=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
+
+    def forward(
+        self,
+        x,
+        encoder_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor] = None,
+        prev_attn_scores: Optional[Tensor] = None,
+        layer_idx: int = 0,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """Mirrors fairseq 0.12.3 ``TransformerEncoderLayerBase.forward`` with the
+        score stream and ADMIN residuals added.
+
+        Args:
+            x: (seq_len, bsz, embed_dim)
+            prev_attn_scores: (bsz*heads, seq_len, seq_len) float32, or None
+
+        Returns:
+            ``(x, attn_scores)``; ``attn_scores`` is None when the chain is off.
+        """
+        if attn_mask is not None:
+            attn_mask = attn_mask.masked_fill(
+                attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
+            )
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        attn_scores = None
+        if self.residual_self_attention:
+            x, _, attn_scores = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=encoder_padding_mask,
+                need_weights=False,
+                attn_mask=attn_mask,
+                prev_attn_scores=prev_attn_scores,
+                layer_idx=layer_idx,
+            )
+        else:
+            x, _ = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=encoder_padding_mask,
+                need_weights=False,
+                attn_mask=attn_mask,
+            )
+        x = self.dropout_module(x)
+        x = self.self_attn_residual(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        x = self.activation_fn(self.fc1(x))
+        x = self.activation_dropout_module(x)
+        x = self.fc2(x)
+        x = self.dropout_module(x)
+        x = self.ffn_residual(x, residual)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        return x, attn_scores
+
+
+class RealformerDecoderLayer(TransformerDecoderLayer):
+    """Decoder layer with residual self-attention (``"decoder"``) and
+    cross-attention (``"cross"``) chains and ADMIN residuals."""
+
+    def __init__(self, args, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
+        self.realformer_options = realformer_layer_options(args)
+        for flag in ("cross_self_attention", "scale_attn", "scale_heads", "scale_fc", "scale_resids"):
+            if utils.safe_getattr(args, flag, False):
+                raise RealformerConfigError(f"realformer decoder layers do not support --{flag.replace('_', '-')}")
+        super().__init__(
+            args,
+            no_encoder_attn=no_encoder_attn,
+            add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn,
+        )
+        admin = self.realformer_options["admin"]
+        self.self_attn_residual = AdminResidual(self.embed_dim, admin, chain="decoder")
+        self.encoder_attn_residual = (
+            AdminResidual(self.embed_dim, admin, chain="decoder")
+            if self.encoder_attn is not None
+            else None
+        )
+        self.ffn_residual = AdminResidual(self.embed_dim, admin, chain="decoder")
+
+    @property
+    def residual_self_attention(self) -> bool:
+        return "decoder" in self.realformer_options["chains"]
+
+    @property
+    def residual_cross_attention(self) -> bool:
+        return "cross" in self.realformer_options["chains"]
+
+    def build_self_attention(self, embed_dim, args, add_bias_kv=False, add_zero_attn=False):
+        if "decoder" not in self.realformer_options["chains"]:
+            return super().build_self_attention(embed_dim, args, add_bias_kv, add_zero_attn)
+        cfg = TransformerConfig.from_namespace(args)
+        return RealformerMultiheadAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            residual_attention_mode=self.realformer_options["mode"],
+            dropout=cfg.attention_dropout,
+            add_bias_kv=add_bias_kv,
+            add_zero_attn=add_zero_attn,
+            self_attention=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
+
+    def build_encoder_attention(self, embed_dim, args):
+        if "cross" not in self.realformer_options["chains"]:
+            return super().build_encoder_attention(embed_dim, args)
+        cfg = TransformerConfig.from_namespace(args)
+        return RealformerMultiheadAttention(
+            embed_dim,
+            cfg.decoder.attention_heads,
+            residual_attention_mode=self.realformer_options["mode"],
+            kdim=cfg.encoder.embed_dim,
+            vdim=cfg.encoder.embed_dim,
+            dropout=cfg.attention_dropout,
+            encoder_decoder_attention=True,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+        )
+
+    def forward(
+        self,
+        x,
+        encoder_out: Optional[Tensor] = None,
+        encoder_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        self_attn_mask: Optional[Tensor] = None,
+        self_attn_padding_mask: Optional[Tensor] = None,
+        need_attn: bool = False,
+        need_head_weights: bool = False,
+        prev_self_attn_scores: Optional[Tensor] = None,
+        prev_cross_attn_scores: Optional[Tensor] = None,
+        layer_idx: int = 0,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        """Mirrors fairseq 0.12.3 ``TransformerDecoderLayerBase.forward`` (without
+        cross-self-attention, NormFormer scaling, ONNX export and
+        ``prev_self_attn_state``) with both score streams and ADMIN residuals.
+
+        Args:
+            x: (tgt_len, bsz, embed_dim); tgt_len is 1 when decoding incrementally
+            prev_self_attn_scores: (bsz*heads, tgt_len, tgt_len) or, per
+                incremental step, (bsz*heads, 1, t)
+            prev_cross_attn_scores: (bsz*heads, tgt_len, src_len)
+
+        Returns:
+            ``(x, attn, self_attn_scores, cross_attn_scores)``
+        """
+        if need_head_weights:
+            need_attn = True
+
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        self_attn_scores = None
+        if self.residual_self_attention:
+            x, _, self_attn_scores = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=self_attn_padding_mask,
+                incremental_state=incremental_state,
+                need_weights=False,
+                attn_mask=self_attn_mask,
+                prev_attn_scores=prev_self_attn_scores,
+                layer_idx=layer_idx,
+            )
+        else:
+            x, _ = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=self_attn_padding_mask,
+                incremental_state=incremental_state,
+                need_weights=False,
+                attn_mask=self_attn_mask,
+            )
+        x = self.dropout_module(x)
+        x = self.self_attn_residual(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+
+        attn: Optional[Tensor] = None
+        cross_attn_scores = None
+        if self.encoder_attn is not None and encoder_out is not None:
+            residual = x
+            if self.normalize_before:
+                x = self.encoder_attn_layer_norm(x)
+            kwargs = dict(
+                query=x,
+                key=encoder_out,
+                value=encoder_out,
+                key_padding_mask=encoder_padding_mask,
+                incremental_state=incremental_state,
+                static_kv=True,
+                need_weights=need_attn or (not self.training and self.need_attn),
+                need_head_weights=need_head_weights,
+            )
+            if self.residual_cross_attention:
+                x, attn, cross_attn_scores = self.encoder_attn(
+                    prev_attn_scores=prev_cross_attn_scores, layer_idx=layer_idx, **kwargs
+                )
+            else:
+                x, attn = self.encoder_attn(**kwargs)
+            x = self.dropout_module(x)
+            x = self.encoder_attn_residual(x, residual)
+            if not self.normalize_before:
+                x = self.encoder_attn_layer_norm(x)
+
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        x = self.activation_fn(self.fc1(x))
+        x = self.activation_dropout_module(x)
+        x = self.fc2(x)
+        x = self.dropout_module(x)
+        x = self.ffn_residual(x, residual)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        return x, attn, self_attn_scores, cross_attn_scores
+
+
+def check_chain_heads(layers: List[torch.nn.Module], attr: str, chain: str):
+    """All layers of one residual chain must have the same number of heads."""
+    heads = [getattr(layer, attr).num_heads for layer in layers if getattr(layer, attr, None) is not None]
+    if len(set(heads)) > 1:
+        raise RealformerConfigError(
+            f"residual attention chain '{chain}' needs the same number of heads in "
+            f"every layer, got {heads}"
+        )

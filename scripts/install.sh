@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Create (or update) the project's virtual environment and install the plugin.
+# usage: bash scripts/install.sh [VENV_DIR]   (default: .venv in the repository root)
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${1:-$root/.venv}"
+
+if [[ ! -x "$venv/bin/python" ]]; then
+    python3 -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
+
+# torch first, pinned: the 2.13.0 CPU wheel; any later requirement it satisfies
+# installs nothing more (a looser torch request would pull a multi-GB CUDA build).
+"${pip[@]}" "torch==2.13.0"
+"${pip[@]}" -e "$root[test]"
+# ve-fairseq pulls torchaudio, whose newest wheel (2.11.x) is built against another
+# torch and fails to load its C++ library; nothing here needs audio.
+"$venv/bin/python" -m pip uninstall -y -q torchaudio >/dev/null 2>&1 || true
+"$venv/bin/python" -c "import fairseq, torch, realformer_fairseq; print(f'realformer-fairseq ready: fairseq {fairseq.__version__}, torch {torch.__version__}')"

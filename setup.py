@@ -1,0 +1,47 @@
+"""realformer-fairseq: RealFormer residual attention and ADMIN init as a fairseq plugin."""
+
+from setuptools import find_packages, setup
+
+with open("README.md", encoding="utf-8") as fh:
+    long_description = fh.read()
+
+setup(
+    name="realformer-fairseq",
+    version="0.1.0",
+    description=(
+        "RealFormer (residual attention, He et al. 2020) on ADMIN-initialised "
+        "fairseq transformers"
+    ),
+    long_description=long_description,
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.10",
+    packages=find_packages(include=["realformer_fairseq", "realformer_fairseq.*"]),
+    install_requires=[
+        # fairseq 0.12.2 does not import on Python 3.11; ve-fairseq is the same
+        # code base as a prebuilt wheel (see README, "Choice of fairseq").
+        "ve-fairseq==0.12.3",
+        # 2.13.0 (the CPU wheel on the build machines) must satisfy this range.
+        "torch>=2.1,<2.15",
+        "numpy",
+        "sacrebleu>=2.0",
+        "sacremoses>=0.1",
+        "subword-nmt>=0.3.8",
+        "matplotlib>=3.5",
+    ],
+    extras_require={
+        "test": ["pytest>=7", "pytest-timeout>=2"],
+        "dev": ["black", "isort", "pytest>=7", "pytest-timeout>=2"],
+    },
+    entry_points={
+        "console_scripts": [
+            "realformer-average-checkpoints="
+            "realformer_fairseq.cli.average_checkpoints:cli_main",
+            "realformer-attention-stats=realformer_fairseq.cli.attention_stats:cli_main",
+        ]
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

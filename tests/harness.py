@@ -1,0 +1,173 @@
+"""End-to-end helpers for tests: small real data, fairseq-preprocess, -train,
+-generate, all in a temporary directory, with the plugin passed by --user-dir.
+
+fairseq's own ``tests/utils.py`` is not in its wheel; these are ours.
+"""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence
+
+import realformer_fairseq
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+USER_DIR = str(Path(realformer_fairseq.__file__).resolve().parent)
+SHARED_DATA = Path(os.environ.get("REALFORMER_SHARED_DATA", REPO_ROOT.parent / "shared" / "data" / "enfr"))
+BIN = Path(sys.executable).parent
+
+
+def shared_data(*parts: str) -> Path:
+    """A file under ../shared/data/enfr (read-only); tests never download."""
+    path = SHARED_DATA.joinpath(*parts)
+    if not path.exists():
+        raise FileNotFoundError(f"shared data missing: {path} (see ../shared/data/enfr/README.md)")
+    return path
+
+
+def fairseq_command(name: str) -> str:
+    """Path of a fairseq console script in this environment."""
+    exe = BIN / name
+    return str(exe) if exe.exists() else name
+
+
+def run(cmd: Sequence[str], cwd: Optional[Path] = None, env: Optional[Dict[str, str]] = None, timeout: int = 900):
+    """Run a command; on failure raise with the tail of its output."""
+    full_env = dict(os.environ)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    full_env.setdefault("MKL_NUM_THREADS", "1")
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(
+        [str(c) for c in cmd],
+        cwd=cwd,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(
+            f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{proc.stdout[-4000:]}"
+        )
+    return proc.stdout
+
+
+def head_lines(src: Path, dst: Path, n: int, skip: int = 0):
+    with open(src, encoding="utf-8") as fin, open(dst, "w", encoding="utf-8") as fout:
+        for i, line in enumerate(fin):
+            if i < skip:
+                continue
+            if i >= skip + n:
+                break
+            fout.write(line.lower())
+
+
+def make_multi30k_subset(out_dir: Path, n_train: int = 2000, n_valid: int = 200, n_test: int = 100) -> Path:
+    """Lower-cased, whitespace-tokenised Multi30k en-fr subset as train/valid/test.{en,fr}."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    m30k = shared_data("multi30k")
+    for lang in ("en", "fr"):
+        head_lines(m30k / f"train.{lang}", out_dir / f"train.{lang}", n_train)
+        head_lines(m30k / f"val.{lang}", out_dir / f"valid.{lang}", n_valid)
+        head_lines(m30k / f"test_2016_flickr.{lang}", out_dir / f"test.{lang}", n_test)
+    return out_dir
+
+
+def preprocess(raw_dir: Path, data_bin: Path, src: str = "en", tgt: str = "fr", extra: Sequence[str] = ()):
+    """fairseq-preprocess with a joined dictionary."""
+    run(
+        [
+            fairseq_command("fairseq-preprocess"),
+            "--source-lang", src,
+            "--target-lang", tgt,
+            "--trainpref", raw_dir / "train",
+            "--validpref", raw_dir / "valid",
+            "--testpref", raw_dir / "test",
+            "--destdir", data_bin,
+            "--joined-dictionary",
+            "--workers", "1",
+            *extra,
+        ]
+    )
+    return data_bin
+
+
+def train_translation(
+    data_bin: Path,
+    save_dir: Path,
+    arch: str = "realformer_tiny",
+    max_update: int = 20,
+    extra: Sequence[str] = (),
+    env: Optional[Dict[str, str]] = None,
+) -> str:
+    """A few updates of fairseq-train --user-dir realformer_fairseq on CPU."""
+    return run(
+        [
+            fairseq_command("fairseq-train"),
+            data_bin,
+            "--user-dir", USER_DIR,
+            "--task", "translation",
+            "--arch", arch,
+            "--share-all-embeddings",
+            "--optimizer", "adam",
+            "--adam-betas", "(0.9, 0.98)",
+            "--lr", "1e-3",
+            "--lr-scheduler", "inverse_sqrt",
+            "--warmup-updates", "10",
+            "--criterion", "label_smoothed_cross_entropy",
+            "--label-smoothing", "0.1",
+            "--max-tokens", "2000",
+            "--max-update", str(max_update),
+            "--save-dir", save_dir,
+            "--no-epoch-checkpoints",
+            "--log-format", "simple",
+            "--log-interval", "1",
+            "--num-workers", "0",
+            "--seed", "1",
+            "--cpu",
+            *extra,
+        ],
+        env=env,
+    )
+
+
+def generate(data_bin: Path, checkpoint: Path, extra: Sequence[str] = ("--beam", "5", "--lenpen", "0.8")) -> str:
+    return run(
+        [
+            fairseq_command("fairseq-generate"),
+            data_bin,
+            "--user-dir", USER_DIR,
+            "--path", checkpoint,
+            "--gen-subset", "test",
+            "--batch-size", "32",
+            "--remove-bpe",
+            "--num-workers", "0",
+            "--cpu",
+            *extra,
+        ]
+    )
+
+
+def parse_bleu(generate_output: str) -> float:
+    match = re.search(r"BLEU4? = ([\d.]+)", generate_output)
+    if not match:
+        raise AssertionError(f"no BLEU line in fairseq-generate output:\n{generate_output[-2000:]}")
+    return float(match.group(1))
+
+
+def parse_train_losses(train_output: str) -> List[float]:
+    """Per-update training losses from fairseq's simple log format."""
+    return [float(m) for m in re.findall(r"train_inner \| .*? loss=([\d.]+),", train_output)]
+
+
+def parse_valid_loss(train_output: str) -> List[float]:
+    return [float(m) for m in re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", train_output)]
+
+
+def copy_tree(src: Path, dst: Path):
+    shutil.copytree(src, dst, dirs_exist_ok=True)
