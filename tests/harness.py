@@ -16,7 +16,9 @@ import realformer_fairseq
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 USER_DIR = str(Path(realformer_fairseq.__file__).resolve().parent)
-SHARED_DATA = Path(os.environ.get("REALFORMER_SHARED_DATA", REPO_ROOT.parent / "shared" / "data" / "enfr"))
+SHARED_DATA = Path(
+    os.environ.get("REALFORMER_SHARED_DATA", REPO_ROOT.parent / "shared" / "data" / "enfr")
+)
 BIN = Path(sys.executable).parent
 
 
@@ -34,7 +36,12 @@ def fairseq_command(name: str) -> str:
     return str(exe) if exe.exists() else name
 
 
-def run(cmd: Sequence[str], cwd: Optional[Path] = None, env: Optional[Dict[str, str]] = None, timeout: int = 900):
+def run(
+    cmd: Sequence[str],
+    cwd: Optional[Path] = None,
+    env: Optional[Dict[str, str]] = None,
+    timeout: int = 900,
+):
     """Run a command; on failure raise with the tail of its output."""
     full_env = dict(os.environ)
     full_env.setdefault("OMP_NUM_THREADS", "1")
@@ -67,7 +74,9 @@ def head_lines(src: Path, dst: Path, n: int, skip: int = 0):
             fout.write(line.lower())
 
 
-def make_multi30k_subset(out_dir: Path, n_train: int = 2000, n_valid: int = 200, n_test: int = 100) -> Path:
+def make_multi30k_subset(
+    out_dir: Path, n_train: int = 2000, n_valid: int = 200, n_test: int = 100
+) -> Path:
     """Lower-cased, whitespace-tokenised Multi30k en-fr subset as train/valid/test.{en,fr}."""
     out_dir.mkdir(parents=True, exist_ok=True)
     m30k = shared_data("multi30k")
@@ -78,19 +87,28 @@ def make_multi30k_subset(out_dir: Path, n_train: int = 2000, n_valid: int = 200,
     return out_dir
 
 
-def preprocess(raw_dir: Path, data_bin: Path, src: str = "en", tgt: str = "fr", extra: Sequence[str] = ()):
+def preprocess(
+    raw_dir: Path, data_bin: Path, src: str = "en", tgt: str = "fr", extra: Sequence[str] = ()
+):
     """fairseq-preprocess with a joined dictionary."""
     run(
         [
             fairseq_command("fairseq-preprocess"),
-            "--source-lang", src,
-            "--target-lang", tgt,
-            "--trainpref", raw_dir / "train",
-            "--validpref", raw_dir / "valid",
-            "--testpref", raw_dir / "test",
-            "--destdir", data_bin,
+            "--source-lang",
+            src,
+            "--target-lang",
+            tgt,
+            "--trainpref",
+            raw_dir / "train",
+            "--validpref",
+            raw_dir / "valid",
+            "--testpref",
+            raw_dir / "test",
+            "--destdir",
+            data_bin,
             "--joined-dictionary",
-            "--workers", "1",
+            "--workers",
+            "1",
             *extra,
         ]
     )
@@ -110,25 +128,42 @@ def train_translation(
         [
             fairseq_command("fairseq-train"),
             data_bin,
-            "--user-dir", USER_DIR,
-            "--task", "translation",
-            "--arch", arch,
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "translation",
+            "--arch",
+            arch,
             "--share-all-embeddings",
-            "--optimizer", "adam",
-            "--adam-betas", "(0.9, 0.98)",
-            "--lr", "1e-3",
-            "--lr-scheduler", "inverse_sqrt",
-            "--warmup-updates", "10",
-            "--criterion", "label_smoothed_cross_entropy",
-            "--label-smoothing", "0.1",
-            "--max-tokens", "2000",
-            "--max-update", str(max_update),
-            "--save-dir", save_dir,
+            "--optimizer",
+            "adam",
+            "--adam-betas",
+            "(0.9, 0.98)",
+            "--lr",
+            "1e-3",
+            "--lr-scheduler",
+            "inverse_sqrt",
+            "--warmup-updates",
+            "10",
+            "--criterion",
+            "label_smoothed_cross_entropy",
+            "--label-smoothing",
+            "0.1",
+            "--max-tokens",
+            "2000",
+            "--max-update",
+            str(max_update),
+            "--save-dir",
+            save_dir,
             "--no-epoch-checkpoints",
-            "--log-format", "simple",
-            "--log-interval", "1",
-            "--num-workers", "0",
-            "--seed", "1",
+            "--log-format",
+            "simple",
+            "--log-interval",
+            "1",
+            "--num-workers",
+            "0",
+            "--seed",
+            "1",
             "--cpu",
             *extra,
         ],
@@ -136,17 +171,24 @@ def train_translation(
     )
 
 
-def generate(data_bin: Path, checkpoint: Path, extra: Sequence[str] = ("--beam", "5", "--lenpen", "0.8")) -> str:
+def generate(
+    data_bin: Path, checkpoint: Path, extra: Sequence[str] = ("--beam", "5", "--lenpen", "0.8")
+) -> str:
     return run(
         [
             fairseq_command("fairseq-generate"),
             data_bin,
-            "--user-dir", USER_DIR,
-            "--path", checkpoint,
-            "--gen-subset", "test",
-            "--batch-size", "32",
+            "--user-dir",
+            USER_DIR,
+            "--path",
+            checkpoint,
+            "--gen-subset",
+            "test",
+            "--batch-size",
+            "32",
             "--remove-bpe",
-            "--num-workers", "0",
+            "--num-workers",
+            "0",
             "--cpu",
             *extra,
         ]

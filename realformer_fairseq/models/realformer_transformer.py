@@ -45,7 +45,9 @@ def _wrap_layer(layer, args):
         layer = checkpoint_wrapper(
             layer, offload_to_cpu=utils.safe_getattr(args, "offload_activations", False)
         )
-    min_params_to_wrap = utils.safe_getattr(args, "min_params_to_wrap", 1e8) if not checkpoint else 0
+    min_params_to_wrap = (
+        utils.safe_getattr(args, "min_params_to_wrap", 1e8) if not checkpoint else 0
+    )
     return fsdp_wrap(layer, min_num_params=min_params_to_wrap)
 
 
@@ -95,7 +97,10 @@ class RealformerTransformerEncoder(TransformerEncoder):
             x = self.layer_norm(x)
 
         src_lengths = (
-            src_tokens.ne(self.padding_idx).sum(dim=1, dtype=torch.int32).reshape(-1, 1).contiguous()
+            src_tokens.ne(self.padding_idx)
+            .sum(dim=1, dtype=torch.int32)
+            .reshape(-1, 1)
+            .contiguous()
         )
         return {
             "encoder_out": [x],  # T x B x C
@@ -118,7 +123,9 @@ class RealformerTransformerDecoder(TransformerDecoder):
     the cached keys, so beam reordering is fairseq's own.
     """
 
-    def __init__(self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None):
+    def __init__(
+        self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None
+    ):
         super().__init__(
             args,
             dictionary,
@@ -155,7 +162,9 @@ class RealformerTransformerDecoder(TransformerDecoder):
 
         positions = None
         if self.embed_positions is not None:
-            positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+            positions = self.embed_positions(
+                prev_output_tokens, incremental_state=incremental_state
+            )
         if incremental_state is not None:
             prev_output_tokens = prev_output_tokens[:, -1:]
             if positions is not None:
@@ -263,7 +272,11 @@ def validate_realformer_args(args, chains_used=("encoder", "decoder", "cross")):
     pre_ln = utils.safe_getattr(args, "encoder_normalize_before", False) or (
         "decoder" in chains_used and utils.safe_getattr(args, "decoder_normalize_before", False)
     )
-    if init_type != "default" and pre_ln and not utils.safe_getattr(args, "admin_allow_pre_ln", False):
+    if (
+        init_type != "default"
+        and pre_ln
+        and not utils.safe_getattr(args, "admin_allow_pre_ln", False)
+    ):
         raise RealformerConfigError(
             f"--init-type {init_type} is for Post-LN models, but this one is Pre-LN "
             "(--encoder/decoder-normalize-before); pass --admin-allow-pre-ln to use it anyway"
@@ -362,7 +375,9 @@ def _wmt_en_fr(args):
     args.encoder_ffn_embed_dim = utils.safe_getattr(args, "encoder_ffn_embed_dim", 2048)
     args.encoder_attention_heads = utils.safe_getattr(args, "encoder_attention_heads", 8)
     args.decoder_embed_dim = utils.safe_getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = utils.safe_getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
+    args.decoder_ffn_embed_dim = utils.safe_getattr(
+        args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim
+    )
     args.decoder_attention_heads = utils.safe_getattr(args, "decoder_attention_heads", 8)
     args.encoder_normalize_before = utils.safe_getattr(args, "encoder_normalize_before", False)
     args.decoder_normalize_before = utils.safe_getattr(args, "decoder_normalize_before", False)
@@ -376,7 +391,9 @@ def _tiny(args):
     args.encoder_ffn_embed_dim = utils.safe_getattr(args, "encoder_ffn_embed_dim", 128)
     args.encoder_attention_heads = utils.safe_getattr(args, "encoder_attention_heads", 2)
     args.decoder_embed_dim = utils.safe_getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = utils.safe_getattr(args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim)
+    args.decoder_ffn_embed_dim = utils.safe_getattr(
+        args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim
+    )
     args.decoder_attention_heads = utils.safe_getattr(args, "decoder_attention_heads", 2)
     args.encoder_layers = utils.safe_getattr(args, "encoder_layers", 2)
     args.decoder_layers = utils.safe_getattr(args, "decoder_layers", 2)

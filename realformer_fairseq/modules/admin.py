@@ -50,8 +50,7 @@ def admin_next_ratio(scaled_residual: Tensor, branch_output: Tensor) -> float:
     """One profiling step: ``sqrt(Var[x * omega] + Var[f(x)])`` over all elements
     (the reference computes both variances over the flattened tensors)."""
     return math.sqrt(
-        scaled_residual.detach().float().var().item()
-        + branch_output.detach().float().var().item()
+        scaled_residual.detach().float().var().item() + branch_output.detach().float().var().item()
     )
 
 

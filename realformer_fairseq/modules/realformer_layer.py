@@ -152,9 +152,17 @@ class RealformerDecoderLayer(TransformerDecoderLayer):
 
     def __init__(self, args, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
         self.realformer_options = realformer_layer_options(args)
-        for flag in ("cross_self_attention", "scale_attn", "scale_heads", "scale_fc", "scale_resids"):
+        for flag in (
+            "cross_self_attention",
+            "scale_attn",
+            "scale_heads",
+            "scale_fc",
+            "scale_resids",
+        ):
             if utils.safe_getattr(args, flag, False):
-                raise RealformerConfigError(f"realformer decoder layers do not support --{flag.replace('_', '-')}")
+                raise RealformerConfigError(
+                    f"realformer decoder layers do not support --{flag.replace('_', '-')}"
+                )
         super().__init__(
             args,
             no_encoder_attn=no_encoder_attn,
@@ -313,7 +321,9 @@ class RealformerDecoderLayer(TransformerDecoderLayer):
 
 def check_chain_heads(layers: List[torch.nn.Module], attr: str, chain: str):
     """All layers of one residual chain must have the same number of heads."""
-    heads = [getattr(layer, attr).num_heads for layer in layers if getattr(layer, attr, None) is not None]
+    heads = [
+        getattr(layer, attr).num_heads for layer in layers if getattr(layer, attr, None) is not None
+    ]
     if len(set(heads)) > 1:
         raise RealformerConfigError(
             f"residual attention chain '{chain}' needs the same number of heads in "

@@ -133,9 +133,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
                 prev_key = saved_state["prev_key"].view(bsz * self.num_heads, -1, self.head_dim)
                 k = prev_key if static_kv else torch.cat([prev_key, k], dim=1)
             if "prev_value" in saved_state:
-                prev_value = saved_state["prev_value"].view(
-                    bsz * self.num_heads, -1, self.head_dim
-                )
+                prev_value = saved_state["prev_value"].view(bsz * self.num_heads, -1, self.head_dim)
                 v = prev_value if static_kv else torch.cat([prev_value, v], dim=1)
             key_padding_mask = MultiheadAttention._append_prev_key_padding_mask(
                 key_padding_mask=key_padding_mask,
@@ -187,9 +185,9 @@ class RealformerMultiheadAttention(MultiheadAttention):
 
         attn_weights: Optional[Tensor] = None
         if need_weights:
-            attn_weights = attn_weights_float.view(
-                bsz, self.num_heads, tgt_len, src_len
-            ).transpose(1, 0)
+            attn_weights = attn_weights_float.view(bsz, self.num_heads, tgt_len, src_len).transpose(
+                1, 0
+            )
             if not need_head_weights:
                 attn_weights = attn_weights.mean(dim=0)  # average over heads
         return attn, attn_weights, attn_scores
