@@ -213,3 +213,50 @@ def parse_valid_loss(train_output: str) -> List[float]:
 
 def copy_tree(src: Path, dst: Path):
     shutil.copytree(src, dst, dirs_exist_ok=True)
+
+
+def toy_dictionary(n_symbols: int = 40):
+    """A fairseq Dictionary with ``n_symbols`` made-up words (plus specials)."""
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(n_symbols):
+        d.add_symbol(f"w{i}")
+    d.finalize(padding_factor=1)
+    return d
+
+
+def build_translation_model(
+    arch: str = "realformer_tiny", model: str = "realformer_transformer", **overrides
+):
+    """Build a registered translation model in-process (no data on disk)."""
+    import argparse
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+    from fairseq.tasks.translation import TranslationConfig, TranslationTask
+
+    dictionary = toy_dictionary()
+    task = TranslationTask(TranslationConfig(), dictionary, dictionary)
+    args = argparse.Namespace(arch=arch, _name=arch, **overrides)
+    ARCH_CONFIG_REGISTRY[arch](args)
+    return ARCH_MODEL_REGISTRY[arch].build_model(args, task), dictionary
+
+
+def random_batch(
+    dictionary, bsz: int = 3, src_len: int = 7, tgt_len: int = 6, seed: int = 0, pad_rows=(1,)
+):
+    """Random source/target tokens; rows in ``pad_rows`` are shorter (left-padded
+    source, right-padded target, as fairseq's collater makes them)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    low = dictionary.nspecial
+    src = torch.randint(low, len(dictionary), (bsz, src_len), generator=g)
+    tgt = torch.randint(low, len(dictionary), (bsz, tgt_len), generator=g)
+    src[:, -1] = dictionary.eos()
+    tgt[:, 0] = dictionary.eos()  # prev_output_tokens start with EOS
+    for row in pad_rows:
+        src[row, : src_len // 2] = dictionary.pad()
+        tgt[row, tgt_len - 2 :] = dictionary.pad()
+    src_lengths = src.ne(dictionary.pad()).sum(1)
+    return src, src_lengths, tgt

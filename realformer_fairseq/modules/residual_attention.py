@@ -153,7 +153,8 @@ class RealformerMultiheadAttention(MultiheadAttention):
 
         # raw scores of this layer plus the stream so far, in float32
         raw_scores = torch.bmm(q, k.transpose(1, 2))  # (bsz*heads, tgt_len, src_len)
-        attn_scores = raw_scores.float()
+        # the stream is at least float32 (float64 stays float64)
+        attn_scores = raw_scores.to(torch.promote_types(raw_scores.dtype, torch.float32))
         if prev_attn_scores is not None:
             if prev_attn_scores.shape != attn_scores.shape:
                 raise ValueError(
@@ -162,7 +163,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
                     f"{tuple(attn_scores.shape)} (bsz*heads, tgt_len, src_len); "
                     "all layers of a chain need the same number of heads"
                 )
-            attn_scores = attn_scores + prev_attn_scores.float()
+            attn_scores = attn_scores + prev_attn_scores.to(attn_scores.dtype)
 
         # the softmax input: a masked copy, never the stream itself
         logits = attn_scores
@@ -170,7 +171,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
             logits = logits / float(layer_idx + 1)
         if attn_mask is not None:
             # (tgt_len, src_len), additive float (fairseq uses -inf or -1e8)
-            logits = logits + attn_mask.float().clamp(min=_MASK_VALUE).unsqueeze(0)
+            logits = logits + attn_mask.to(logits.dtype).clamp(min=_MASK_VALUE).unsqueeze(0)
         if key_padding_mask is not None:
             logits = logits.view(bsz, self.num_heads, tgt_len, src_len).masked_fill(
                 key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), _MASK_VALUE
