@@ -226,6 +226,40 @@ class RealformerTransformerDecoder(TransformerDecoder):
         return x, {"attn": [attn], "inner_states": inner_states}
 
 
+_ARCH_KEY = "realformer_arch"
+
+
+def _record_arch(module, state_dict, prefix, local_metadata):
+    """State-dict hook: keep the model's --arch in the state dict's metadata
+    (saved with it), so that a mismatching load can name it."""
+    local_metadata[_ARCH_KEY] = utils.safe_getattr(module.args, "arch", None)
+
+
+def _state_dict_mismatch(model, state_dict, ckpt_arch: Optional[str]) -> str:
+    """One line: which archs, and the first key of each kind of mismatch."""
+    own = model.state_dict()
+    missing = [k for k in own if k not in state_dict]
+    unexpected = [k for k in state_dict if k not in own]
+    shapes = [
+        f"{k} {tuple(state_dict[k].shape)} vs {tuple(v.shape)}"
+        for k, v in own.items()
+        if k in state_dict and getattr(state_dict[k], "shape", v.shape) != v.shape
+    ]
+    problems = [
+        f"{len(keys)} {what} (e.g. {keys[0]})"
+        for what, keys in (
+            ("missing keys", missing),
+            ("unexpected keys", unexpected),
+            ("shape mismatches, checkpoint vs model", shapes),
+        )
+        if keys
+    ]
+    return (
+        f"the checkpoint (--arch {ckpt_arch or 'unknown'}) does not fit this model "
+        f"(--arch {utils.safe_getattr(model.args, 'arch', 'unknown')}): " + "; ".join(problems)
+    )
+
+
 def add_realformer_args(parser):
     """The flags this plugin adds to every model it registers."""
     parser.add_argument(
@@ -302,6 +336,30 @@ class RealformerTransformerModel(AdminProfilingMixin, TransformerModel):
                 {"encoder": 2 * len(encoder.layers), "decoder": 3 * len(decoder.layers)},
             )
             self.admin_profiled.fill_(1)
+        self._register_state_dict_hook(_record_arch)
+
+    @exit_on_config_error
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """fairseq's ``load_state_dict``; a checkpoint of another architecture is
+        one error line naming both archs, instead of torch's key list under
+        fairseq's "Cannot load model parameters" stack trace."""
+        ckpt_arch = (getattr(state_dict, "_metadata", None) or {}).get("", {}).get(_ARCH_KEY)
+        try:
+            result = super().load_state_dict(
+                state_dict, strict=strict, model_cfg=model_cfg, args=args
+            )
+        except RuntimeError as err:
+            if not strict or "Error(s) in loading state_dict" not in str(err):
+                raise
+            raise RealformerConfigError(_state_dict_mismatch(self, state_dict, ckpt_arch)) from None
+        arch = utils.safe_getattr(self.args, "arch", None)
+        if ckpt_arch is not None and ckpt_arch != arch:
+            logger.warning(
+                "loaded a checkpoint trained with --arch %s into --arch %s (the parameters fit)",
+                ckpt_arch,
+                arch,
+            )
+        return result
 
     @classmethod
     def add_args(cls, parser):
@@ -358,8 +416,9 @@ class RealformerTransformerModel(AdminProfilingMixin, TransformerModel):
 @register_model_architecture("realformer_transformer", "realformer_transformer")
 def realformer_base_architecture(args):
     args.residual_attention = utils.safe_getattr(args, "residual_attention", "all")
-    chains = parse_residual_chains(args.residual_attention)
-    if chains:
+    # not parsed here: fairseq calls arch functions while parsing the command line,
+    # outside build_model's one-line errors; validate_realformer_args checks the value
+    if args.residual_attention not in (None, "", "none"):
         args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", "mean")
     else:
         args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", None)
