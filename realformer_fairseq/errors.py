@@ -9,8 +9,10 @@ class RealformerConfigError(ValueError):
 
 def exit_on_config_error(fn):
     """Turn a RealformerConfigError raised at start-up into one error line
-    (``realformer_fairseq: error: ...``) and exit status 2, the way argparse
-    reports bad flags, instead of a stack trace."""
+    (``realformer_fairseq: error: ...``, printed by Python on stderr) and exit
+    status 1, instead of a stack trace. ``SystemExit`` is no ``Exception``, so
+    fairseq's ``except Exception`` handlers (e.g. around checkpoint loading)
+    let it through."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
