@@ -47,10 +47,12 @@ def admin_closed_form_omega(num_residual_layers: int) -> float:
 
 
 def admin_next_ratio(scaled_residual: Tensor, branch_output: Tensor) -> float:
-    """One profiling step: ``sqrt(Var[x * omega] + Var[f(x)])`` over all elements
-    (the reference computes both variances over the flattened tensors)."""
+    """One profiling step: ``sqrt(Var[x * omega] + Var[f(x)])``, each variance over
+    all elements with no Bessel correction (the reference's ``np.var`` of the
+    flattened tensors)."""
     return math.sqrt(
-        scaled_residual.detach().float().var().item() + branch_output.detach().float().var().item()
+        scaled_residual.detach().float().var(unbiased=False).item()
+        + branch_output.detach().float().var(unbiased=False).item()
     )
 
 
