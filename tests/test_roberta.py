@@ -1,0 +1,453 @@
+"""Encoder-only RealFormer (BERT setting of He et al. 2020, arXiv 2012.11747):
+architectures, structure, masked_lm training on real English text, ADMIN
+profiling in masked_lm, and sentence_prediction fine-tuning from the MLM
+checkpoint via --restore-file, all through fairseq-train --user-dir."""
+
+import argparse
+import collections
+import json
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from harness import USER_DIR, fairseq_command, parse_valid_loss, run, shared_data
+
+from realformer_fairseq.models.realformer_roberta import (
+    BERT_SIZES,
+    RealformerRobertaEncoder,
+    RealformerRobertaModel,
+)
+from realformer_fairseq.models.realformer_transformer import RealformerTransformerEncoder
+from realformer_fairseq.modules.admin import AdminResidual, admin_closed_form_omega
+from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+
+TOKENS_PER_SAMPLE = 64
+
+
+# ---------------------------------------------------------------------------
+# data and commands
+
+
+def write_lines(path: Path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def multi30k_lines(lang: str, split: str, start: int, n: int):
+    with open(shared_data("multi30k", f"{split}.{lang}"), encoding="utf-8") as fh:
+        lines = [line.strip().lower() for line in fh]
+    return lines[start : start + n]
+
+
+def make_mlm_data(root: Path, n_train: int = 2000, n_valid: int = 200) -> Path:
+    """English side of Multi30k, fairseq-preprocess --only-source for masked_lm."""
+    raw = root / "mlm_raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    write_lines(raw / "train.txt", multi30k_lines("en", "train", 0, n_train))
+    write_lines(raw / "valid.txt", multi30k_lines("en", "val", 0, n_valid))
+    data_bin = root / "mlm_bin"
+    run(
+        [
+            fairseq_command("fairseq-preprocess"),
+            "--only-source",
+            "--task",
+            "masked_lm",
+            "--trainpref",
+            raw / "train.txt",
+            "--validpref",
+            raw / "valid.txt",
+            "--destdir",
+            data_bin,
+            "--thresholdsrc",
+            "2",
+            "--workers",
+            "1",
+        ]
+    )
+    return data_bin
+
+
+def make_language_id_data(root: Path, srcdict: Path, n_train: int = 500, n_valid: int = 100):
+    """ "Is this line English (0) or French (1)?": Multi30k lines (English and French
+    taken from different sentence pairs, so no line has its translation in the set),
+    in fairseq's sentence_prediction layout (input0/, label/)."""
+    raw = root / "cls_raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, src, start, n in (("train", "train", 5000, n_train), ("valid", "val", 200, n_valid)):
+        rows = [(line, "0") for line in multi30k_lines("en", src, start, n)]
+        rows += [(line, "1") for line in multi30k_lines("fr", src, start + n, n)]
+        random.Random(0).shuffle(rows)
+        write_lines(raw / f"{split}.input0", [r[0] for r in rows])
+        write_lines(raw / f"{split}.label", [r[1] for r in rows])
+    data_bin = root / "cls_bin"
+    for part, extra in (("input0", ["--srcdict", srcdict]), ("label", [])):
+        run(
+            [
+                fairseq_command("fairseq-preprocess"),
+                "--only-source",
+                "--trainpref",
+                raw / f"train.{part}",
+                "--validpref",
+                raw / f"valid.{part}",
+                "--destdir",
+                data_bin / part,
+                "--workers",
+                "1",
+                *extra,
+            ]
+        )
+    return data_bin
+
+
+COMMON = [
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9, 0.98)",
+    "--lr-scheduler",
+    "inverse_sqrt",
+    "--batch-size",
+    "32",
+    "--log-format",
+    "simple",
+    "--log-interval",
+    "10",
+    "--num-workers",
+    "0",
+    "--seed",
+    "1",
+    "--cpu",
+    "--no-epoch-checkpoints",
+]
+
+
+def train_mlm(data_bin: Path, save_dir: Path, arch="realformer_bert_tiny", max_update=60, extra=()):
+    return run(
+        [
+            fairseq_command("fairseq-train"),
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "masked_lm",
+            "--criterion",
+            "masked_lm",
+            "--arch",
+            arch,
+            "--tokens-per-sample",
+            str(TOKENS_PER_SAMPLE),
+            # not "eos": fairseq 0.12's TokenBlockDataset uses np.compat (gone in numpy 2)
+            "--sample-break-mode",
+            "complete",
+            "--lr",
+            "1e-3",
+            "--warmup-updates",
+            "20",
+            "--max-update",
+            str(max_update),
+            "--validate-interval-updates",
+            str(max(max_update // 3, 1)),
+            "--save-dir",
+            save_dir,
+            *COMMON,
+            *extra,
+        ]
+    )
+
+
+def train_classifier(
+    data_bin: Path, save_dir: Path, restore: Path, arch="realformer_bert_tiny", max_update=60
+):
+    return run(
+        [
+            fairseq_command("fairseq-train"),
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "sentence_prediction",
+            "--criterion",
+            "sentence_prediction",
+            "--num-classes",
+            "2",
+            "--classification-head-name",
+            "language_id",
+            "--max-positions",
+            str(TOKENS_PER_SAMPLE),
+            "--init-token",
+            "0",
+            "--separator-token",
+            "2",
+            "--arch",
+            arch,
+            "--restore-file",
+            restore,
+            "--reset-optimizer",
+            "--reset-dataloader",
+            "--reset-meters",
+            "--lr",
+            "5e-4",
+            "--warmup-updates",
+            "10",
+            "--max-update",
+            str(max_update),
+            "--best-checkpoint-metric",
+            "accuracy",
+            "--maximize-best-checkpoint-metric",
+            "--save-dir",
+            save_dir,
+            *COMMON,
+        ]
+    )
+
+
+def parse_valid_accuracy(output: str):
+    return [
+        float(m) for m in re.findall(r"valid on 'valid' subset \| .*?accuracy ([\d.]+)", output)
+    ]
+
+
+@pytest.fixture(scope="module")
+def mlm_data(tmp_path_factory):
+    return make_mlm_data(tmp_path_factory.mktemp("mlm"))
+
+
+@pytest.fixture(scope="module")
+def mlm_run(mlm_data, tmp_path_factory):
+    """One short masked_lm run of realformer_bert_tiny (shared by two tests)."""
+    save_dir = tmp_path_factory.mktemp("mlm_ck")
+    output = train_mlm(mlm_data, save_dir, max_update=60)
+    return save_dir, output
+
+
+# ---------------------------------------------------------------------------
+# in-process model building
+
+
+def build_model(data_bin: Path, arch: str, *extra: str):
+    """parse_args_and_arch + setup_task + build_model, as fairseq-train does."""
+    from fairseq import options, tasks
+
+    parser = options.get_training_parser()
+    args = options.parse_args_and_arch(
+        parser,
+        [
+            str(data_bin),
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "masked_lm",
+            "--arch",
+            arch,
+            "--tokens-per-sample",
+            str(TOKENS_PER_SAMPLE),
+            "--cpu",
+            *extra,
+        ],
+    )
+    task = tasks.setup_task(args)
+    return task.build_model(args), task
+
+
+# ---------------------------------------------------------------------------
+# architectures and structure
+
+
+@pytest.mark.parametrize("size", ["tiny", "small", "base", "large", "xlarge"])
+def test_arch_sizes_and_paper_defaults(size):
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    layers, width, heads, ffn = BERT_SIZES[size]
+    expected = {
+        "small": (4, 512, 8, 2048),
+        "base": (12, 768, 12, 3072),
+        "large": (24, 1024, 16, 4096),
+        "xlarge": (36, 1536, 24, 6144),
+        "tiny": (2, 64, 2, 128),
+    }[size]
+    assert (layers, width, heads, ffn) == expected
+    for variant in ("realformer_bert", "postln_bert", "preln_bert"):
+        name = f"{variant}_{size}"
+        assert ARCH_MODEL_REGISTRY[name] is RealformerRobertaModel
+        args = argparse.Namespace()
+        ARCH_CONFIG_REGISTRY[name](args)
+        got = (
+            args.encoder_layers,
+            args.encoder_embed_dim,
+            args.encoder_attention_heads,
+            args.encoder_ffn_embed_dim,
+        )
+        assert got == expected
+        assert args.init_type == "default"
+        if variant == "realformer_bert":
+            # the paper's BERT runs: running sum (no mean), Post-LN
+            assert args.residual_attention == "encoder"
+            assert args.residual_attention_mode == "sum"
+            assert args.encoder_normalize_before is False
+            assert args.layernorm_embedding is True
+        else:
+            assert args.residual_attention == "none"
+            assert args.residual_attention_mode is None
+        if variant == "preln_bert":
+            assert args.encoder_normalize_before is True
+            assert args.layernorm_embedding is False
+
+
+def test_structure_and_extract_features(mlm_data):
+    model, task = build_model(mlm_data, "realformer_bert_tiny")
+    assert isinstance(model.encoder, RealformerRobertaEncoder)
+    assert isinstance(model.encoder.sentence_encoder, RealformerTransformerEncoder)
+    attns = [layer.self_attn for layer in model.encoder.sentence_encoder.layers]
+    assert all(isinstance(a, RealformerMultiheadAttention) for a in attns)
+    assert all(a.residual_attention_mode == "sum" for a in attns)
+
+    model.eval()
+    tokens = torch.tensor([[0, 10, 11, 12, 2], [0, 13, 2, 1, 1]])
+    logits, extra = model(tokens, return_all_hiddens=True)
+    assert logits.shape == (2, 5, len(task.source_dictionary))
+    assert len(extra["inner_states"]) == 3  # embeddings + 2 layers, T x B x C
+    assert extra["inner_states"][-1].shape == (5, 2, 64)
+    assert all(a.calls == 1 for a in attns)  # the residual path ran in every layer
+    # the last hidden state is the features RobertaEncoder hands to its LM head
+    features, _ = model(tokens, features_only=True)
+    torch.testing.assert_close(features, extra["inner_states"][-1].transpose(0, 1))
+
+    baseline, _ = build_model(mlm_data, "postln_bert_tiny")
+    assert not any(
+        isinstance(layer.self_attn, RealformerMultiheadAttention)
+        for layer in baseline.encoder.sentence_encoder.layers
+    )
+    # same parameters, different attention: the residual stream changes the output
+    baseline.load_state_dict(model.state_dict())
+    baseline.eval()
+    base_logits, base_extra = baseline(tokens, return_all_hiddens=True)
+    torch.testing.assert_close(base_extra["inner_states"][1], extra["inner_states"][1])
+    assert not torch.allclose(base_logits, logits, atol=1e-4)
+
+
+def test_preln_variant_structure(mlm_data):
+    model, _ = build_model(mlm_data, "preln_bert_tiny")
+    enc = model.encoder.sentence_encoder
+    assert enc.layer_norm is not None and enc.layernorm_embedding is None
+    assert all(layer.normalize_before for layer in enc.layers)
+
+
+def test_closed_form_admin_omega(mlm_data):
+    model, _ = build_model(mlm_data, "realformer_bert_tiny", "--init-type", "admin-closed-form")
+    residuals = [m for m in model.modules() if isinstance(m, AdminResidual) and m.admin]
+    assert len(residuals) == 4  # 2 sublayers x 2 layers
+    for m in residuals:
+        assert float(m.omega_init) == pytest.approx(admin_closed_form_omega(4))
+    assert int(model.admin_profiled) == 1
+
+
+@pytest.mark.parametrize(
+    "arch,extra,message",
+    [
+        ("realformer_bert_tiny", ["--residual-attention", "decoder"], "only the 'encoder' chain"),
+        ("realformer_bert_tiny", ["--residual-attention", "encodr"], "unknown chain"),
+        ("preln_bert_tiny", ["--init-type", "admin"], "--admin-allow-pre-ln"),
+        ("postln_bert_tiny", ["--residual-attention-mode", "sum"], "needs residual attention on"),
+    ],
+)
+def test_bad_flags_are_one_line_errors(mlm_data, arch, extra, message):
+    with pytest.raises(SystemExit) as err:
+        build_model(mlm_data, arch, *extra)
+    text = str(err.value)
+    assert text.startswith("realformer_fairseq: error:") and message in text
+    assert "\n" not in text
+
+
+# ---------------------------------------------------------------------------
+# training through fairseq-train
+
+
+def test_mlm_training_lowers_valid_loss(mlm_run):
+    save_dir, output = mlm_run
+    losses = parse_valid_loss(output)
+    assert len(losses) >= 3, output[-2000:]
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert "model: RealformerRobertaModel" in output
+    assert (save_dir / "checkpoint_best.pt").exists()
+
+
+def test_mlm_admin_profiling(mlm_data, tmp_path):
+    omega_file = tmp_path / "omega.json"
+    output = train_mlm(
+        mlm_data,
+        tmp_path / "ck",
+        max_update=6,
+        extra=["--init-type", "admin", "--admin-profile-out", str(omega_file)],
+    )
+    assert output.count("ADMIN profiling done") == 1
+    omegas = json.loads(omega_file.read_text())["omega"]
+    assert sorted(omegas) == sorted(
+        f"encoder.sentence_encoder.layers.{i}.{sub}_residual"
+        for i in range(2)
+        for sub in ("self_attn", "ffn")
+    )
+    first = omegas["encoder.sentence_encoder.layers.0.self_attn_residual"]
+    assert first == 1.0  # the running ratio starts at 1
+    later = [v for k, v in omegas.items() if not k.endswith("layers.0.self_attn_residual")]
+    assert all(v > 1.0 for v in later)  # variance grows along the Post-LN stack
+
+    from fairseq import checkpoint_utils
+
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "ck" / "checkpoint_last.pt"))
+    weights = state["model"]
+    assert int(weights["admin_profiled"]) == 1
+    for name, value in omegas.items():
+        assert float(weights[f"{name}.omega_init"]) == pytest.approx(value)
+    assert parse_valid_loss(output), output[-2000:]
+
+
+def test_sentence_prediction_from_mlm_checkpoint(mlm_data, mlm_run, tmp_path):
+    mlm_dir, _ = mlm_run
+    restore = mlm_dir / "checkpoint_best.pt"
+    cls_bin = make_language_id_data(tmp_path, mlm_data / "dict.txt")
+    output = train_classifier(cls_bin, tmp_path / "cls_ck", restore, max_update=60)
+    assert f"Loaded checkpoint {restore}" in output
+    # the new head was added to the MLM state dict, nothing else was missing
+    assert "Overwriting classification_heads.language_id.out_proj.weight" in output
+    accuracies = parse_valid_accuracy(output)
+    assert accuracies and accuracies[-1] >= 90.0, (accuracies, output[-2000:])
+
+    from fairseq import checkpoint_utils
+
+    mlm = checkpoint_utils.load_checkpoint_to_cpu(str(restore))["model"]
+    cls = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "cls_ck" / "checkpoint_best.pt"))
+    assert "classification_heads.language_id.dense.weight" in cls["model"]
+    assert cls["cfg"]["model"].arch == "realformer_bert_tiny"
+    # fine-tuning started from the MLM encoder: the embeddings moved only a little
+    key = "encoder.sentence_encoder.embed_tokens.weight"
+    drift = (cls["model"][key] - mlm[key]).norm() / mlm[key].norm()
+    assert drift < 0.5, float(drift)
+
+
+def unigram_entropy_bits(train_txt: Path, dict_txt: Path) -> float:
+    vocab = {line.split()[0] for line in dict_txt.read_text(encoding="utf-8").splitlines()}
+    counts = collections.Counter()
+    for line in train_txt.read_text(encoding="utf-8").splitlines():
+        counts.update(w if w in vocab else "<unk>" for w in line.split())
+        counts["</s>"] += 1
+    total = sum(counts.values())
+    return -sum(n / total * math.log2(n / total) for n in counts.values())
+
+
+@pytest.mark.slow
+def test_mlm_few_hundred_updates_beats_unigram(tmp_path):
+    """400 updates on 5000 English sentences: valid MLM loss (bits) keeps falling
+    and ends below the unigram entropy, i.e. the model uses the context."""
+    data_bin = make_mlm_data(tmp_path, n_train=5000, n_valid=300)
+    output = train_mlm(
+        data_bin,
+        tmp_path / "ck",
+        max_update=400,
+        extra=["--dropout", "0.0", "--attention-dropout", "0.0", "--no-save"],
+    )
+    losses = parse_valid_loss(output)
+    assert len(losses) >= 3 and losses == sorted(losses, reverse=True), losses
+    unigram = unigram_entropy_bits(tmp_path / "mlm_raw" / "train.txt", data_bin / "dict.txt")
+    assert losses[-1] < unigram, (losses, unigram)
