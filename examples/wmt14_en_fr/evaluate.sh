@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# Evaluate a WMT'14 En-Fr model as RealFormer / ADMIN report it: fairseq-generate (beam 5,
+# lenpen 0.8), tokenized BLEU as fairseq prints it (the paper's Table 7 metric), and SacreBLEU on
+# the detokenized output (sacremoses) against the raw reference, with its signature.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+usage() {
+    cat <<EOF
+usage: evaluate.sh --data-bin DIR (--checkpoint FILE | --checkpoint-dir DIR [--average-last N])
+                   [--subset test] [--beam 5] [--lenpen 0.8] [--max-tokens N] [--batch-size N]
+                   [--cpu] [--fp16] [--out-dir DIR] [--results FILE] [-- EXTRA fairseq-generate ARGS]
+       evaluate.sh score --hyp FILE --ref FILE [--detok-lang fr] [--tok-hyp FILE --tok-ref FILE]
+                   [--results FILE]
+
+generate mode: translate --subset of --data-bin (the output of prepare.sh) and write
+  OUT_DIR/generate.SUBSET.txt, hyp.tok.fr (BPE removed), hyp.detok.fr and the results file
+  (JSON: tokenized BLEU as fairseq printed it, the same recomputed by sacrebleu tok:none, and
+  SacreBLEU with signature). --average-last N first averages the last N epoch checkpoints of
+  --checkpoint-dir (the paper: 25) into OUT_DIR/checkpoint.avgN.pt.
+score mode: SacreBLEU alone for an existing hypothesis file against a raw reference; with
+  --detok-lang the hypothesis is Moses-detokenized first.
+EOF
+}
+
+if [[ "${1:-}" == score ]]; then
+    shift
+    HYP=""
+    REF=""
+    DETOK_LANG=""
+    TOK_HYP=""
+    TOK_REF=""
+    RESULTS=""
+    while [[ $# -gt 0 ]]; do
+        case "$1" in
+        --hyp) HYP=$2; shift 2 ;;
+        --ref) REF=$2; shift 2 ;;
+        --detok-lang) DETOK_LANG=$2; shift 2 ;;
+        --tok-hyp) TOK_HYP=$2; shift 2 ;;
+        --tok-ref) TOK_REF=$2; shift 2 ;;
+        --results) RESULTS=$2; shift 2 ;;
+        -h | --help) usage; exit 0 ;;
+        *) usage >&2; die "unknown argument: $1" ;;
+        esac
+    done
+    [[ -n "$HYP" && -n "$REF" ]] || die "score needs --hyp and --ref"
+    ARGS=(score --hyp "$HYP" --ref "$REF")
+    [[ -n "$DETOK_LANG" ]] && ARGS+=(--detok-lang "$DETOK_LANG" --detok-output "${RESULTS:-$HYP}.detok.tmp.$$")
+    [[ -n "$TOK_HYP" ]] && ARGS+=(--tok-hyp "$TOK_HYP" --tok-ref "${TOK_REF:?--tok-hyp needs --tok-ref}")
+    [[ -n "$RESULTS" ]] && ARGS+=(--results "$RESULTS")
+    rc=0
+    tools "${ARGS[@]}" || rc=$?
+    rm -f "${RESULTS:-$HYP}.detok.tmp.$$"
+    exit $rc
+fi
+
+DATA_BIN=""
+CHECKPOINT=""
+CHECKPOINT_DIR=""
+AVERAGE_LAST=0
+SUBSET=test
+BEAM=5
+LENPEN=0.8
+MAX_TOKENS=""
+BATCH_SIZE=""
+CPU=0
+FP16=0
+OUT_DIR=""
+RESULTS=""
+EXTRA=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --data-bin) DATA_BIN=$2; shift 2 ;;
+    --checkpoint) CHECKPOINT=$2; shift 2 ;;
+    --checkpoint-dir) CHECKPOINT_DIR=$2; shift 2 ;;
+    --average-last) AVERAGE_LAST=$2; shift 2 ;;
+    --subset) SUBSET=$2; shift 2 ;;
+    --beam) BEAM=$2; shift 2 ;;
+    --lenpen) LENPEN=$2; shift 2 ;;
+    --max-tokens) MAX_TOKENS=$2; shift 2 ;;
+    --batch-size) BATCH_SIZE=$2; shift 2 ;;
+    --cpu) CPU=1; shift ;;
+    --fp16) FP16=1; shift ;;
+    --out-dir) OUT_DIR=$2; shift 2 ;;
+    --results) RESULTS=$2; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    --) shift; EXTRA=("$@"); break ;;
+    *) usage >&2; die "unknown argument: $1" ;;
+    esac
+done
+[[ -n "$DATA_BIN" ]] || die "--data-bin is required (the --dest of prepare.sh)"
+[[ -d "$DATA_BIN" ]] || die "$DATA_BIN: missing data folder (run prepare.sh)"
+if [[ -z "$CHECKPOINT" ]]; then
+    [[ -n "$CHECKPOINT_DIR" ]] || die "pass --checkpoint FILE or --checkpoint-dir DIR"
+    if [[ "$AVERAGE_LAST" -gt 1 ]]; then
+        OUT_DIR=${OUT_DIR:-$CHECKPOINT_DIR/eval}
+        mkdir -p "$OUT_DIR"
+        CHECKPOINT="$OUT_DIR/checkpoint.avg$AVERAGE_LAST.pt"
+        stage_average "$CHECKPOINT_DIR" "$AVERAGE_LAST" "$CHECKPOINT"
+    else
+        CHECKPOINT="$CHECKPOINT_DIR/checkpoint_last.pt"
+    fi
+fi
+OUT_DIR=${OUT_DIR:-$(dirname "$CHECKPOINT")/eval}
+RESULTS=${RESULTS:-$OUT_DIR/results.$SUBSET.json}
+RAW_REF="$DATA_BIN/$SUBSET.raw.$TGT"
+[[ -f "$RAW_REF" ]] || die "$RAW_REF: missing raw reference (prepare.sh writes it for the test set)"
+REMOVE_BPE=subword_nmt
+if [[ -f "$DATA_BIN/prepare.env" ]] && grep -q '^BPE=sentencepiece$' "$DATA_BIN/prepare.env"; then
+    REMOVE_BPE=sentencepiece
+fi
+GEN_ARGS=()
+if [[ -n "$BATCH_SIZE" ]]; then GEN_ARGS+=(--batch-size "$BATCH_SIZE"); fi
+GEN_ARGS+=(--max-tokens "${MAX_TOKENS:-$([[ $CPU == 1 ]] && echo 4000 || echo 16000)}")
+if [[ $CPU == 1 ]]; then GEN_ARGS+=(--cpu); fi
+if [[ $FP16 == 1 ]]; then GEN_ARGS+=(--fp16); fi
+GEN_ARGS+=("${EXTRA[@]}")
+
+log "checkpoint $CHECKPOINT; $SUBSET of $DATA_BIN; beam $BEAM, lenpen $LENPEN"
+stage_generate
+stage_score

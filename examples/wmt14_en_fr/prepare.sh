@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# WMT'14 En-Fr data for RealFormer / ADMIN (fairseq's prepare-wmt14en2fr.sh, without Moses perl):
+# download, Moses-normalise + tokenise -a (sacremoses), joint BPE 40k (subword-nmt, or
+# sentencepiece), clean (1-250 tokens, ratio 1.5), fairseq-preprocess --joined-dictionary.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+usage() {
+    cat <<EOF
+usage: prepare.sh [--work-dir DIR] [--dest DIR] [--bpe subword-nmt|sentencepiece] [--bpe-size N]
+                  [--bpe-codes FILE] [--workers N] [--checksums FILE] [--force]
+                  [--offline --train PREFIX[,PREFIX...] --valid PREFIX[,...] --test PREFIX[,...]]
+                  [--max-train-lines N] [--max-valid-lines N] [--max-test-lines N]
+
+Stages (each skipped on a re-run once it has finished with the same settings):
+  download|check_local, raw, tokenize, learn_bpe, apply_bpe, clean, binarize
+
+  --work-dir DIR       intermediate files and stage markers (default: $EXAMPLE_DIR/work)
+  --orig DIR           download folder (default: WORK/orig)
+  --dest DIR           binarized data for fairseq (default: WORK/data-bin)
+  --bpe KIND           subword-nmt (default, as the reference) or sentencepiece
+  --bpe-size N         BPE merges / pieces (default 40000)
+  --bpe-codes FILE     use these codes instead of learning them
+  --offline            no download: use local parallel files PREFIX.en / PREFIX.fr given by
+                       --train, --valid, --test (comma-separated prefixes are concatenated)
+  --max-*-lines N      keep only the first N pairs of a split (smoke runs)
+  --checksums FILE     sha256sum-format list to check downloaded archives against
+  --workers N          processes for tokenisation, BPE and fairseq-preprocess (default 4)
+  --force              redo every stage
+EOF
+}
+
+WORK="$EXAMPLE_DIR/work"
+ORIG=""
+DEST=""
+BPE=subword-nmt
+BPE_SIZE=40000
+BPE_CODES=""
+WORKERS=4
+CHECKSUMS=""
+FORCE=0
+OFFLINE=0
+TRAIN_ARG=""
+VALID_ARG=""
+TEST_ARG=""
+MAX_TRAIN_LINES=0
+MAX_VALID_LINES=0
+MAX_TEST_LINES=0
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --work-dir) WORK=$2; shift 2 ;;
+    --orig) ORIG=$2; shift 2 ;;
+    --dest) DEST=$2; shift 2 ;;
+    --bpe) BPE=$2; shift 2 ;;
+    --bpe-size) BPE_SIZE=$2; shift 2 ;;
+    --bpe-codes) BPE_CODES=$2; shift 2 ;;
+    --workers) WORKERS=$2; shift 2 ;;
+    --checksums) CHECKSUMS=$2; shift 2 ;;
+    --force) FORCE=1; shift ;;
+    --offline) OFFLINE=1; shift ;;
+    --train) TRAIN_ARG=$2; shift 2 ;;
+    --valid) VALID_ARG=$2; shift 2 ;;
+    --test) TEST_ARG=$2; shift 2 ;;
+    --max-train-lines) MAX_TRAIN_LINES=$2; shift 2 ;;
+    --max-valid-lines) MAX_VALID_LINES=$2; shift 2 ;;
+    --max-test-lines) MAX_TEST_LINES=$2; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; die "unknown argument: $1" ;;
+    esac
+done
+
+case "$BPE" in subword-nmt | sentencepiece) ;; *) die "--bpe must be subword-nmt or sentencepiece, got '$BPE'" ;; esac
+[[ "$BPE_SIZE" =~ ^[0-9]+$ ]] || die "--bpe-size must be a number, got '$BPE_SIZE'"
+mkdir -p "$WORK"
+WORK="$(cd "$WORK" && pwd)"
+ORIG=${ORIG:-$WORK/orig}
+DEST=${DEST:-$WORK/data-bin}
+export FORCE WORKERS
+
+abspath_list() { # comma list -> absolute paths, one per line
+    local IFS=, p
+    for p in $1; do
+        [[ -n "$p" ]] || continue
+        if [[ "$p" = /* ]]; then echo "$p"; else echo "$PWD/$p"; fi
+    done
+}
+
+if [[ $OFFLINE == 1 ]]; then
+    [[ -n "$TRAIN_ARG" && -n "$VALID_ARG" && -n "$TEST_ARG" ]] ||
+        die "--offline needs --train, --valid and --test (file prefixes PREFIX.$SRC / PREFIX.$TGT)"
+    mapfile -t TRAIN_PREFIXES < <(abspath_list "$TRAIN_ARG")
+    mapfile -t VALID_PREFIXES < <(abspath_list "$VALID_ARG")
+    mapfile -t TEST_PREFIXES < <(abspath_list "$TEST_ARG")
+else
+    TRAIN_PREFIXES=("${WMT_TRAIN[@]/#/$ORIG/}")
+    VALID_PREFIXES=("${WMT_VALID[@]/#/$ORIG/}")
+    TEST_PREFIXES=("$ORIG/$WMT_TEST")
+fi
+
+# each stage's settings include the previous stage's, so a change redoes what follows it
+S_FETCH="offline=$OFFLINE train=${TRAIN_PREFIXES[*]} valid=${VALID_PREFIXES[*]} test=${TEST_PREFIXES[*]}"
+S_RAW="$S_FETCH max=$MAX_TRAIN_LINES,$MAX_VALID_LINES,$MAX_TEST_LINES"
+S_TOK="$S_RAW tok=sacremoses-a-v1"
+S_LEARN="$S_TOK bpe=$BPE size=$BPE_SIZE"
+S_APPLY="$S_LEARN codes=${BPE_CODES:-learned}"
+S_CLEAN="$S_APPLY clean=1-250,1.5"
+S_BIN="$S_CLEAN dest=$DEST"
+
+log "work dir $WORK; data-bin $DEST; BPE $BPE $BPE_SIZE${BPE_CODES:+ (codes $BPE_CODES)}"
+if [[ $OFFLINE == 1 ]]; then
+    run_stage check_local "$S_FETCH" stage_check_local
+else
+    run_stage download "$S_FETCH" stage_download
+fi
+run_stage raw "$S_RAW" stage_raw
+run_stage tokenize "$S_TOK" stage_tokenize
+if [[ -z "$BPE_CODES" ]]; then
+    run_stage learn_bpe "$S_LEARN" stage_learn_bpe
+fi
+run_stage apply_bpe "$S_APPLY" stage_apply_bpe
+run_stage clean "$S_CLEAN" stage_clean
+run_stage binarize "$S_BIN" stage_binarize
+log "done: $DEST"

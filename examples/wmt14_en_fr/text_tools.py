@@ -1,0 +1,542 @@
+#!/usr/bin/env python
+"""Text steps of the WMT'14 En-Fr pipeline (called by common.sh), no Moses perl.
+
+RealFormer (He et al., 2020, arXiv 2012.11747) reports WMT'14 En-Fr results on
+fairseq's ``prepare-wmt14en2fr.sh`` data. These subcommands re-do its perl steps
+with PyPI packages: Moses punctuation normalisation, non-printing-character
+removal and tokenisation with aggressive hyphen splitting (``-a``) by sacremoses,
+``clean-corpus-n.perl -ratio 1.5 ... 1 250``, and on the scoring side Moses
+detokenisation and SacreBLEU.
+
+Every subcommand checks its input (present, non-empty, UTF-8, parallel files of
+equal length) and stops with one line naming the file and the problem; every
+output is written to a temporary name next to it and renamed when complete.
+"""
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from typing import Iterator, List, Optional, Sequence
+
+PROG = "wmt14_en_fr"
+BLOCK = 1 << 22
+
+
+class InputError(Exception):
+    """Bad input; printed as one line."""
+
+
+# ---------------------------------------------------------------- checks
+
+
+def count_lines_utf8(path: str) -> int:
+    """Number of lines of ``path``; raises InputError if absent, empty or not UTF-8."""
+    if not os.path.exists(path):
+        raise InputError(f"{path}: missing input file")
+    if not os.path.isfile(path):
+        raise InputError(f"{path}: not a regular file")
+    if os.path.getsize(path) == 0:
+        raise InputError(f"{path}: empty file")
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    lines = 0
+    offset = 0
+    last = b""
+    with open(path, "rb") as fh:
+        while True:
+            block = fh.read(BLOCK)
+            if not block:
+                break
+            try:
+                decoder.decode(block)
+            except UnicodeDecodeError as err:
+                with open(path, "rb") as again:
+                    head = again.read(offset + err.start)
+                line_no = head.count(b"\n") + 1
+                raise InputError(
+                    f"{path}: not valid UTF-8 at line {line_no} (byte offset {offset + err.start})"
+                ) from None
+            lines += block.count(b"\n")
+            offset += len(block)
+            last = block[-1:]
+    try:
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        raise InputError(f"{path}: not valid UTF-8 (truncated character at end of file)") from None
+    if last != b"\n":
+        lines += 1
+    return lines
+
+
+def check_parallel(paths: Sequence[str]) -> int:
+    """All files valid and of the same number of lines; returns it."""
+    counts = [count_lines_utf8(p) for p in paths]
+    if len(set(counts)) > 1:
+        detail = ", ".join(f"{p} has {n}" for p, n in zip(paths, counts))
+        raise InputError(f"misaligned parallel files: {detail} lines")
+    return counts[0]
+
+
+# ---------------------------------------------------------------- output helpers
+
+
+@contextlib.contextmanager
+def atomic_write(path: str):
+    """Open a temp file next to ``path``; rename it to ``path`` only on success."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as fh:
+            yield fh
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise
+
+
+def read_lines(path: str) -> Iterator[str]:
+    """Lines without their newline; UTF-8 errors become an InputError naming the line."""
+    with open(path, encoding="utf-8", errors="strict", newline="\n") as fh:
+        line_no = 0
+        try:
+            for line_no, line in enumerate(fh, 1):
+                yield line.rstrip("\n").rstrip("\r")
+        except UnicodeDecodeError:
+            raise InputError(f"{path}: not valid UTF-8 at line {line_no + 1}") from None
+
+
+# ---------------------------------------------------------------- tokenise
+
+
+_WORKER = {}
+
+
+def _init_worker(lang: str, mode: str):
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    _WORKER["norm"] = MosesPunctNormalizer(
+        lang=lang, post_remove_control_chars=True, perl_parity=True
+    )
+    _WORKER["tok"] = MosesTokenizer(lang=lang)
+    _WORKER["mode"] = mode
+
+
+def _tokenize_line(line: str) -> str:
+    if _WORKER["mode"] == "train":
+        # normalize-punctuation.perl | remove-non-printing-char.perl
+        line = _WORKER["norm"].normalize(line)
+    else:
+        # the reference applies only sed "s/’/'/g" to the test set
+        line = line.replace("\u2019", "'")
+    out = _WORKER["tok"].tokenize(line, aggressive_dash_splits=True, return_str=True, escape=True)
+    return " ".join(out.split())
+
+
+def cmd_tokenize(args):
+    count_lines_utf8(args.input)
+    lines = read_lines(args.input)
+    with atomic_write(args.output) as out:
+        if args.workers > 1:
+            import multiprocessing as mp
+
+            with mp.Pool(args.workers, _init_worker, (args.lang, args.mode)) as pool:
+                for tok in pool.imap(_tokenize_line, lines, chunksize=2000):
+                    out.write(tok + "\n")
+        else:
+            _init_worker(args.lang, args.mode)
+            for line in lines:
+                out.write(_tokenize_line(line) + "\n")
+
+
+def cmd_detokenize(args):
+    from sacremoses import MosesDetokenizer
+
+    count_lines_utf8(args.input)
+    detok = MosesDetokenizer(lang=args.lang)
+    with atomic_write(args.output) as out:
+        for line in read_lines(args.input):
+            out.write(detok.detokenize(line.split(), unescape=True) + "\n")
+
+
+# ---------------------------------------------------------------- clean
+
+
+def cmd_clean(args):
+    """clean-corpus-n.perl -ratio R: drop pairs with a side outside [min, max]
+    tokens or a token ratio above R (the Moses script counts words after
+    collapsing whitespace; so does this)."""
+    n = check_parallel([args.src_in, args.tgt_in])
+    kept = 0
+    with atomic_write(args.src_out) as src_out, atomic_write(args.tgt_out) as tgt_out:
+        for src, tgt in zip(read_lines(args.src_in), read_lines(args.tgt_in)):
+            src_words, tgt_words = src.split(), tgt.split()
+            ns, nt = len(src_words), len(tgt_words)
+            if ns < args.min_len or nt < args.min_len or ns > args.max_len or nt > args.max_len:
+                continue
+            if ns / nt > args.ratio or nt / ns > args.ratio:
+                continue
+            src_out.write(" ".join(src_words) + "\n")
+            tgt_out.write(" ".join(tgt_words) + "\n")
+            kept += 1
+    if kept == 0:
+        raise InputError(f"{args.src_in}: no sentence pair survived cleaning")
+    print(f"clean: kept {kept} of {n} pairs ({args.src_in}, {args.tgt_in})", file=sys.stderr)
+
+
+# ---------------------------------------------------------------- assemble raw data
+
+
+def cmd_concat(args):
+    """Concatenate parallel corpora PREFIX.{src,tgt} (each checked) into OUT.{src,tgt},
+    optionally keeping the first --max-lines pairs."""
+    langs = (args.src, args.tgt)
+    for prefix in args.prefixes:
+        check_parallel([f"{prefix}.{lang}" for lang in langs])
+    for lang in langs:
+        written = 0
+        with atomic_write(f"{args.out}.{lang}") as out:
+            for prefix in args.prefixes:
+                for line in read_lines(f"{prefix}.{lang}"):
+                    if args.max_lines and written >= args.max_lines:
+                        break
+                    out.write(line + "\n")
+                    written += 1
+    check_parallel([f"{args.out}.{lang}" for lang in langs])
+
+
+def cmd_sgm(args):
+    """Segments of a WMT SGML file (``<seg id=..>text</seg>``), as fairseq's recipe
+    extracts newstest2014 (grep '<seg id' | sed ...)."""
+    count_lines_utf8(args.input)
+    seg = re.compile(r"<seg[^>]*>\s*(.*?)\s*</seg>")
+    n = 0
+    with atomic_write(args.output) as out:
+        for line in read_lines(args.input):
+            match = seg.search(line)
+            if match:
+                out.write(match.group(1) + "\n")
+                n += 1
+    if n == 0:
+        os.remove(args.output)
+        raise InputError(f"{args.input}: no <seg> lines (not a WMT SGML file?)")
+
+
+# ---------------------------------------------------------------- fairseq output
+
+
+def cmd_extract_hyp(args):
+    """H- lines (or S/T) of fairseq-generate output, in test-set order."""
+    count_lines_utf8(args.input)
+    prefix = {"hyp": "H", "ref": "T", "src": "S"}[args.kind]
+    items = {}
+    for line in read_lines(args.input):
+        if not line.startswith(prefix + "-"):
+            continue
+        parts = line.split("\t")
+        idx = int(parts[0][len(prefix) + 1 :])
+        items[idx] = parts[-1] if len(parts) > 1 else ""
+    if not items:
+        raise InputError(f"{args.input}: no {prefix}- lines (is it fairseq-generate output?)")
+    missing = sorted(set(range(max(items) + 1)) - set(items))
+    if missing:
+        raise InputError(
+            f"{args.input}: {len(missing)} sentence ids missing (first {missing[0]}); "
+            "generation incomplete?"
+        )
+    with atomic_write(args.output) as out:
+        for i in range(len(items)):
+            out.write(items[i] + "\n")
+
+
+def parse_fairseq_bleu(path: str) -> Optional[dict]:
+    """The ``BLEU4 = ...`` line fairseq-generate prints (tokenized BLEU)."""
+    text = open(path, encoding="utf-8", errors="replace").read()
+    match = re.search(r"Generate (\S+) with beam=(\d+): (BLEU4? = ([\d.]+).*)", text)
+    if not match:
+        return None
+    return {
+        "score": float(match.group(4)),
+        "line": match.group(3).strip(),
+        "subset": match.group(1),
+        "beam": int(match.group(2)),
+    }
+
+
+# ---------------------------------------------------------------- scoring
+
+
+def sacrebleu_score(hyp_path: str, ref_path: str, tokenize: Optional[str] = None, **kwargs) -> dict:
+    from sacrebleu.metrics import BLEU, CHRF
+
+    n = check_parallel([hyp_path, ref_path])
+    hyps = list(read_lines(hyp_path))
+    refs = list(read_lines(ref_path))
+    bleu = BLEU(tokenize=tokenize, **kwargs)
+    result = bleu.corpus_score(hyps, [refs])
+    out = {
+        "score": result.score,
+        "counts": list(result.counts),
+        "totals": list(result.totals),
+        "precisions": list(result.precisions),
+        "bp": result.bp,
+        "sys_len": result.sys_len,
+        "ref_len": result.ref_len,
+        "signature": str(bleu.get_signature()),
+        "segments": n,
+        "hyp": os.path.abspath(hyp_path),
+        "ref": os.path.abspath(ref_path),
+    }
+    out["line"] = f"BLEU|{out['signature']} = {str(result).split(' = ', 1)[1]}"
+    if tokenize != "none":
+        chrf = CHRF()
+        out["chrf2"] = chrf.corpus_score(hyps, [refs]).score
+        out["chrf2_signature"] = str(chrf.get_signature())
+    return out
+
+
+def cmd_score(args):
+    results = {}
+    if args.results and os.path.exists(args.results) and args.merge:
+        with open(args.results, encoding="utf-8") as fh:
+            results = json.load(fh)
+    hyp = args.hyp
+    if args.detok_lang:
+        detok_out = args.detok_output or (args.hyp + ".detok")
+        cmd_detokenize(argparse.Namespace(lang=args.detok_lang, input=args.hyp, output=detok_out))
+        hyp = detok_out
+    results["sacrebleu"] = sacrebleu_score(hyp, args.ref)
+    if args.tok_hyp and args.tok_ref:
+        # tokenized BLEU (= multi-bleu.perl / fairseq's BLEU4): no further tokenisation,
+        # no smoothing
+        results["tokenized_bleu_sacrebleu"] = sacrebleu_score(
+            args.tok_hyp, args.tok_ref, tokenize="none", smooth_method="none", force=True
+        )
+    if args.fairseq_log:
+        parsed = parse_fairseq_bleu(args.fairseq_log)
+        if parsed is None:
+            raise InputError(f"{args.fairseq_log}: no 'Generate ... BLEU4 =' line")
+        results["tokenized_bleu_fairseq"] = parsed
+    for key, value in (args.meta or []):
+        results.setdefault("meta", {})[key] = value
+    text = json.dumps(results, indent=1, ensure_ascii=False)
+    if args.results:
+        with atomic_write(args.results) as out:
+            out.write(text + "\n")
+    if "tokenized_bleu_fairseq" in results:
+        print(f"tokenized BLEU (fairseq): {results['tokenized_bleu_fairseq']['line']}")
+    print(f"SacreBLEU (detokenized): {results['sacrebleu']['line']}")
+
+
+# ---------------------------------------------------------------- sentencepiece (option)
+
+
+def _spm():
+    try:
+        import sentencepiece
+    except ImportError:
+        raise InputError("--bpe sentencepiece needs the sentencepiece package (pip install sentencepiece)")
+    return sentencepiece
+
+
+def cmd_spm_train(args):
+    """A joint sentencepiece BPE model of --size pieces on the given files."""
+    spm = _spm()
+    for path in args.inputs:
+        count_lines_utf8(path)
+    folder = os.path.dirname(os.path.abspath(args.model))
+    tmp_prefix = tempfile.mkdtemp(prefix=".spm.", dir=folder)
+    try:
+        spm.SentencePieceTrainer.train(
+            input=",".join(args.inputs),
+            model_prefix=os.path.join(tmp_prefix, "m"),
+            vocab_size=args.size,
+            model_type="bpe",
+            character_coverage=1.0,
+            input_sentence_size=args.sample,
+            shuffle_input_sentence=True,
+        )
+        os.replace(os.path.join(tmp_prefix, "m.model"), args.model)
+    finally:
+        import shutil
+
+        shutil.rmtree(tmp_prefix, ignore_errors=True)
+
+
+def cmd_spm_encode(args):
+    spm = _spm()
+    if not os.path.isfile(args.model) or os.path.getsize(args.model) == 0:
+        raise InputError(f"{args.model}: missing or empty sentencepiece model file")
+    proc = spm.SentencePieceProcessor(model_file=args.model)
+    count_lines_utf8(args.input)
+    with atomic_write(args.output) as out:
+        for line in read_lines(args.input):
+            out.write(" ".join(proc.encode(line, out_type=str)) + "\n")
+
+
+# ---------------------------------------------------------------- updates per epoch
+
+
+def updates_per_epoch(
+    data_bin: str, src: str, tgt: str, max_tokens: int, world_size: int, update_freq: int,
+    max_positions: int = 1024,
+) -> dict:
+    """Updates in one epoch of fairseq-train, from the binarized train sizes: the same
+    batching (sort by target then source length, ``batch_by_size`` with max-tokens
+    and a batch multiple of 8, sentences over max-positions dropped), batches shared
+    over ``world_size`` workers, ``update_freq`` batches per update."""
+    import numpy as np
+    from fairseq.data import data_utils, indexed_dataset
+
+    sizes, datasets = [], []
+    for lang in (src, tgt):
+        prefix = os.path.join(data_bin, f"train.{src}-{tgt}.{lang}")
+        if not indexed_dataset.dataset_exists(prefix, impl="mmap"):
+            raise InputError(f"{prefix}.bin/.idx: missing binarized train data (run prepare.sh)")
+        # keep the dataset referenced while its memory-mapped sizes are copied: dropping the
+        # temporary closes the mmap under the view (segfault)
+        dataset = indexed_dataset.MMapIndexedDataset(prefix)
+        sizes.append(np.array(dataset.sizes, dtype=np.int64, copy=True))
+        datasets.append(dataset)
+    src_sizes, tgt_sizes = sizes
+    if len(src_sizes) != len(tgt_sizes):
+        raise InputError(f"{data_bin}: source and target train sets differ in length")
+    keep = (src_sizes <= max_positions) & (tgt_sizes <= max_positions)
+    indices = np.arange(len(src_sizes))[keep]
+    indices = indices[np.argsort(tgt_sizes[indices], kind="mergesort")]
+    indices = indices[np.argsort(src_sizes[indices], kind="mergesort")]
+    num_tokens = np.maximum(src_sizes, tgt_sizes)
+    batches = data_utils.batch_by_size(
+        indices,
+        num_tokens_fn=lambda i: int(num_tokens[i]),
+        num_tokens_vec=num_tokens[indices],
+        max_tokens=max_tokens,
+        required_batch_size_multiple=8,
+    )
+    # batch_by_size of this fairseq drops a last batch whose size is not a multiple of 8
+    n_batches = len(batches)
+    per_worker = math.ceil(n_batches / world_size)
+    updates = math.ceil(per_worker / update_freq)
+    return {
+        "sentences": int(len(src_sizes)),
+        "batches": n_batches,
+        "updates_per_epoch": updates,
+        "tokens": int(num_tokens.sum()),
+    }
+
+
+def cmd_updates_per_epoch(args):
+    info = updates_per_epoch(
+        args.data_bin, args.src, args.tgt, args.max_tokens, args.world_size, args.update_freq
+    )
+    print(f"{info['updates_per_epoch']} {info['batches']} {info['sentences']}")
+
+
+# ---------------------------------------------------------------- main
+
+
+def get_parser():
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    s = sub.add_parser("check", help="files present, non-empty, UTF-8, equal line counts")
+    s.add_argument("files", nargs="+")
+    s.set_defaults(fn=lambda a: print(check_parallel(a.files)))
+
+    s = sub.add_parser("tokenize", help="Moses normalise + tokenise -a (sacremoses)")
+    s.add_argument("--lang", required=True)
+    s.add_argument("--mode", choices=["train", "test"], default="train")
+    s.add_argument("--input", required=True)
+    s.add_argument("--output", required=True)
+    s.add_argument("--workers", type=int, default=1)
+    s.set_defaults(fn=cmd_tokenize)
+
+    s = sub.add_parser("detokenize", help="Moses detokenise (sacremoses)")
+    s.add_argument("--lang", required=True)
+    s.add_argument("--input", required=True)
+    s.add_argument("--output", required=True)
+    s.set_defaults(fn=cmd_detokenize)
+
+    s = sub.add_parser("clean", help="clean-corpus-n: length and ratio filter")
+    for name in ("src-in", "tgt-in", "src-out", "tgt-out"):
+        s.add_argument(f"--{name}", required=True)
+    s.add_argument("--min-len", type=int, default=1)
+    s.add_argument("--max-len", type=int, default=250)
+    s.add_argument("--ratio", type=float, default=1.5)
+    s.set_defaults(fn=cmd_clean)
+
+    s = sub.add_parser("concat", help="concatenate parallel corpora PREFIX.{src,tgt}")
+    s.add_argument("--src", required=True)
+    s.add_argument("--tgt", required=True)
+    s.add_argument("--out", required=True)
+    s.add_argument("--max-lines", type=int, default=0)
+    s.add_argument("prefixes", nargs="+")
+    s.set_defaults(fn=cmd_concat)
+
+    s = sub.add_parser("sgm", help="segments of a WMT SGML file")
+    s.add_argument("--input", required=True)
+    s.add_argument("--output", required=True)
+    s.set_defaults(fn=cmd_sgm)
+
+    s = sub.add_parser("extract", help="H-/T-/S- lines of fairseq-generate output, in order")
+    s.add_argument("--kind", choices=["hyp", "ref", "src"], default="hyp")
+    s.add_argument("--input", required=True)
+    s.add_argument("--output", required=True)
+    s.set_defaults(fn=cmd_extract_hyp)
+
+    s = sub.add_parser("score", help="SacreBLEU (+ tokenized BLEU) into a JSON results file")
+    s.add_argument("--hyp", required=True)
+    s.add_argument("--ref", required=True, help="raw (untokenized) reference")
+    s.add_argument("--detok-lang", help="detokenize --hyp with sacremoses first")
+    s.add_argument("--detok-output")
+    s.add_argument("--tok-hyp")
+    s.add_argument("--tok-ref")
+    s.add_argument("--fairseq-log", help="fairseq-generate output with its BLEU4 line")
+    s.add_argument("--results")
+    s.add_argument("--merge", action="store_true")
+    s.add_argument("--meta", nargs=2, action="append", metavar=("KEY", "VALUE"))
+    s.set_defaults(fn=cmd_score)
+
+    s = sub.add_parser("spm-train", help="sentencepiece BPE model (the --bpe sentencepiece option)")
+    s.add_argument("--size", type=int, required=True)
+    s.add_argument("--model", required=True)
+    s.add_argument("--sample", type=int, default=10_000_000)
+    s.add_argument("inputs", nargs="+")
+    s.set_defaults(fn=cmd_spm_train)
+
+    s = sub.add_parser("spm-encode", help="segment with a sentencepiece model")
+    s.add_argument("--model", required=True)
+    s.add_argument("--input", required=True)
+    s.add_argument("--output", required=True)
+    s.set_defaults(fn=cmd_spm_encode)
+
+    s = sub.add_parser("updates-per-epoch", help="fairseq-train updates per epoch")
+    s.add_argument("--data-bin", required=True)
+    s.add_argument("--src", default="en")
+    s.add_argument("--tgt", default="fr")
+    s.add_argument("--max-tokens", type=int, required=True)
+    s.add_argument("--world-size", type=int, default=1)
+    s.add_argument("--update-freq", type=int, default=1)
+    s.set_defaults(fn=cmd_updates_per_epoch)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = get_parser().parse_args(argv)
+    try:
+        args.fn(args)
+    except InputError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
