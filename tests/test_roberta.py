@@ -158,7 +158,12 @@ def train_mlm(data_bin: Path, save_dir: Path, arch="realformer_bert_tiny", max_u
 
 
 def train_classifier(
-    data_bin: Path, save_dir: Path, restore: Path, arch="realformer_bert_tiny", max_update=60
+    data_bin: Path,
+    save_dir: Path,
+    restore: Path,
+    arch="realformer_bert_tiny",
+    max_update=60,
+    extra=(),
 ):
     return run(
         [
@@ -199,6 +204,7 @@ def train_classifier(
             "--save-dir",
             save_dir,
             *COMMON,
+            *extra,
         ]
     )
 
@@ -212,6 +218,11 @@ def parse_valid_accuracy(output: str):
 @pytest.fixture(scope="module")
 def mlm_data(tmp_path_factory):
     return make_mlm_data(tmp_path_factory.mktemp("mlm"))
+
+
+@pytest.fixture(scope="module")
+def language_id_data(mlm_data, tmp_path_factory):
+    return make_language_id_data(tmp_path_factory.mktemp("cls"), mlm_data / "dict.txt")
 
 
 @pytest.fixture(scope="module")
@@ -373,7 +384,7 @@ def test_mlm_training_lowers_valid_loss(mlm_run):
     assert (save_dir / "checkpoint_best.pt").exists()
 
 
-def test_mlm_admin_profiling(mlm_data, tmp_path):
+def test_mlm_admin_profiling(mlm_data, language_id_data, tmp_path):
     omega_file = tmp_path / "omega.json"
     output = train_mlm(
         mlm_data,
@@ -402,12 +413,27 @@ def test_mlm_admin_profiling(mlm_data, tmp_path):
         assert float(weights[f"{name}.omega_init"]) == pytest.approx(value)
     assert parse_valid_loss(output), output[-2000:]
 
+    # fine-tuning an ADMIN MLM checkpoint keeps its omega: no second profiling
+    restore = tmp_path / "ck" / "checkpoint_last.pt"
+    output = train_classifier(
+        language_id_data,
+        tmp_path / "cls_ck",
+        restore,
+        max_update=5,
+        extra=["--init-type", "admin"],
+    )
+    assert f"Loaded checkpoint {restore}" in output
+    assert "ADMIN profiling done" not in output
+    cls = checkpoint_utils.load_checkpoint_to_cpu(str(tmp_path / "cls_ck" / "checkpoint_last.pt"))
+    assert int(cls["model"]["admin_profiled"]) == 1
+    for name, value in omegas.items():
+        assert float(cls["model"][f"{name}.omega_init"]) == pytest.approx(value)
 
-def test_sentence_prediction_from_mlm_checkpoint(mlm_data, mlm_run, tmp_path):
+
+def test_sentence_prediction_from_mlm_checkpoint(language_id_data, mlm_run, tmp_path):
     mlm_dir, _ = mlm_run
     restore = mlm_dir / "checkpoint_best.pt"
-    cls_bin = make_language_id_data(tmp_path, mlm_data / "dict.txt")
-    output = train_classifier(cls_bin, tmp_path / "cls_ck", restore, max_update=60)
+    output = train_classifier(language_id_data, tmp_path / "cls_ck", restore, max_update=60)
     assert f"Loaded checkpoint {restore}" in output
     # the new head was added to the MLM state dict, nothing else was missing
     assert "Overwriting classification_heads.language_id.out_proj.weight" in output
