@@ -52,6 +52,15 @@ def realformer_layer_options(args) -> ResidualOptions:
     }
 
 
+def call_attention(attention, prev_attn_scores: Optional[Tensor], layer_idx: int, **kwargs):
+    """Call a layer's attention, residual or fairseq's own (chain off), and
+    return ``(x, attn_weights, attn_scores)``; ``attn_scores`` is None when off."""
+    if isinstance(attention, RealformerMultiheadAttention):
+        return attention(prev_attn_scores=prev_attn_scores, layer_idx=layer_idx, **kwargs)
+    x, attn_weights = attention(**kwargs)
+    return x, attn_weights, None
+
+
 class RealformerEncoderLayer(TransformerEncoderLayer):
     """Encoder layer with a residual self-attention chain (``"encoder"``) and
     ADMIN residuals, built on fairseq's :class:`TransformerEncoderLayer`."""
@@ -63,10 +72,6 @@ class RealformerEncoderLayer(TransformerEncoderLayer):
         admin = self.realformer_options["admin"]
         self.self_attn_residual = AdminResidual(self.embed_dim, admin, chain="encoder")
         self.ffn_residual = AdminResidual(self.embed_dim, admin, chain="encoder")
-
-    @property
-    def residual_self_attention(self) -> bool:
-        return "encoder" in self.realformer_options["chains"]
 
     def build_self_attention(self, embed_dim, args):
         if "encoder" not in self.realformer_options["chains"]:
@@ -107,27 +112,17 @@ class RealformerEncoderLayer(TransformerEncoderLayer):
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        attn_scores = None
-        if self.residual_self_attention:
-            x, _, attn_scores = self.self_attn(
-                query=x,
-                key=x,
-                value=x,
-                key_padding_mask=encoder_padding_mask,
-                need_weights=False,
-                attn_mask=attn_mask,
-                prev_attn_scores=prev_attn_scores,
-                layer_idx=layer_idx,
-            )
-        else:
-            x, _ = self.self_attn(
-                query=x,
-                key=x,
-                value=x,
-                key_padding_mask=encoder_padding_mask,
-                need_weights=False,
-                attn_mask=attn_mask,
-            )
+        x, _, attn_scores = call_attention(
+            self.self_attn,
+            prev_attn_scores,
+            layer_idx,
+            query=x,
+            key=x,
+            value=x,
+            key_padding_mask=encoder_padding_mask,
+            need_weights=False,
+            attn_mask=attn_mask,
+        )
         x = self.dropout_module(x)
         x = self.self_attn_residual(x, residual)
         if not self.normalize_before:
@@ -177,14 +172,6 @@ class RealformerDecoderLayer(TransformerDecoderLayer):
             else None
         )
         self.ffn_residual = AdminResidual(self.embed_dim, admin, chain="decoder")
-
-    @property
-    def residual_self_attention(self) -> bool:
-        return "decoder" in self.realformer_options["chains"]
-
-    @property
-    def residual_cross_attention(self) -> bool:
-        return "cross" in self.realformer_options["chains"]
 
     def build_self_attention(self, embed_dim, args, add_bias_kv=False, add_zero_attn=False):
         if "decoder" not in self.realformer_options["chains"]:
@@ -251,41 +238,33 @@ class RealformerDecoderLayer(TransformerDecoderLayer):
         residual = x
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        self_attn_scores = None
-        if self.residual_self_attention:
-            x, _, self_attn_scores = self.self_attn(
-                query=x,
-                key=x,
-                value=x,
-                key_padding_mask=self_attn_padding_mask,
-                incremental_state=incremental_state,
-                need_weights=False,
-                attn_mask=self_attn_mask,
-                prev_attn_scores=prev_self_attn_scores,
-                layer_idx=layer_idx,
-            )
-        else:
-            x, _ = self.self_attn(
-                query=x,
-                key=x,
-                value=x,
-                key_padding_mask=self_attn_padding_mask,
-                incremental_state=incremental_state,
-                need_weights=False,
-                attn_mask=self_attn_mask,
-            )
+        x, _, self_attn_scores = call_attention(
+            self.self_attn,
+            prev_self_attn_scores,
+            layer_idx,
+            query=x,
+            key=x,
+            value=x,
+            key_padding_mask=self_attn_padding_mask,
+            incremental_state=incremental_state,
+            need_weights=False,
+            attn_mask=self_attn_mask,
+        )
         x = self.dropout_module(x)
         x = self.self_attn_residual(x, residual)
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)
 
         attn: Optional[Tensor] = None
-        cross_attn_scores = None
+        cross_attn_scores: Optional[Tensor] = None
         if self.encoder_attn is not None and encoder_out is not None:
             residual = x
             if self.normalize_before:
                 x = self.encoder_attn_layer_norm(x)
-            kwargs = dict(
+            x, attn, cross_attn_scores = call_attention(
+                self.encoder_attn,
+                prev_cross_attn_scores,
+                layer_idx,
                 query=x,
                 key=encoder_out,
                 value=encoder_out,
@@ -295,12 +274,6 @@ class RealformerDecoderLayer(TransformerDecoderLayer):
                 need_weights=need_attn or (not self.training and self.need_attn),
                 need_head_weights=need_head_weights,
             )
-            if self.residual_cross_attention:
-                x, attn, cross_attn_scores = self.encoder_attn(
-                    prev_attn_scores=prev_cross_attn_scores, layer_idx=layer_idx, **kwargs
-                )
-            else:
-                x, attn = self.encoder_attn(**kwargs)
             x = self.dropout_module(x)
             x = self.encoder_attn_residual(x, residual)
             if not self.normalize_before:
