@@ -52,16 +52,71 @@ def realformer_layer_options(args) -> ResidualOptions:
     }
 
 
-def call_attention(attention, prev_attn_scores: Optional[Tensor], layer_idx: int, **kwargs):
-    """Call a layer's attention, residual or fairseq's own (chain off), and
-    return ``(x, attn_weights, attn_scores)``; ``attn_scores`` is None when off."""
-    if isinstance(attention, RealformerMultiheadAttention):
-        return attention(prev_attn_scores=prev_attn_scores, layer_idx=layer_idx, **kwargs)
-    x, attn_weights = attention(**kwargs)
-    return x, attn_weights, None
+class RealformerSublayers:
+    """The sublayer blocks shared by the encoder and decoder layers (fairseq
+    0.12.3's order: [pre-LN] -> block -> dropout -> residual -> [post-LN])."""
+
+    def build_residual_attention(self, embed_dim, num_heads, cfg, **kwargs):
+        return RealformerMultiheadAttention(
+            embed_dim,
+            num_heads,
+            residual_attention_mode=self.realformer_options["mode"],
+            dropout=cfg.attention_dropout,
+            q_noise=self.quant_noise,
+            qn_block_size=self.quant_noise_block_size,
+            **kwargs,
+        )
+
+    def attention_sublayer(
+        self,
+        x: Tensor,
+        attention,
+        layer_norm,
+        residual_connection,
+        prev_attn_scores: Optional[Tensor],
+        layer_idx: int,
+        memory: Optional[Tensor] = None,
+        **kwargs,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+        """Attend to ``memory`` (the encoder output), or to ``x`` itself when it
+        is None. Returns ``(x, attn_weights, attn_scores)``; ``attn_scores`` is
+        None where ``attention`` is fairseq's own module (chain off)."""
+        residual = x
+        if self.normalize_before:
+            x = layer_norm(x)
+        kv = x if memory is None else memory
+        if isinstance(attention, RealformerMultiheadAttention):
+            x, attn_weights, attn_scores = attention(
+                query=x,
+                key=kv,
+                value=kv,
+                prev_attn_scores=prev_attn_scores,
+                layer_idx=layer_idx,
+                **kwargs,
+            )
+        else:
+            (x, attn_weights), attn_scores = attention(query=x, key=kv, value=kv, **kwargs), None
+        x = self.dropout_module(x)
+        x = residual_connection(x, residual)
+        if not self.normalize_before:
+            x = layer_norm(x)
+        return x, attn_weights, attn_scores
+
+    def ffn_sublayer(self, x: Tensor) -> Tensor:
+        residual = x
+        if self.normalize_before:
+            x = self.final_layer_norm(x)
+        x = self.activation_fn(self.fc1(x))
+        x = self.activation_dropout_module(x)
+        x = self.fc2(x)
+        x = self.dropout_module(x)
+        x = self.ffn_residual(x, residual)
+        if not self.normalize_before:
+            x = self.final_layer_norm(x)
+        return x
 
 
-class RealformerEncoderLayer(TransformerEncoderLayer):
+class RealformerEncoderLayer(RealformerSublayers, TransformerEncoderLayer):
     """Encoder layer with a residual self-attention chain (``"encoder"``) and
     ADMIN residuals, built on fairseq's :class:`TransformerEncoderLayer`."""
 
@@ -77,14 +132,8 @@ class RealformerEncoderLayer(TransformerEncoderLayer):
         if "encoder" not in self.realformer_options["chains"]:
             return super().build_self_attention(embed_dim, args)
         cfg = TransformerConfig.from_namespace(args)
-        return RealformerMultiheadAttention(
-            embed_dim,
-            cfg.encoder.attention_heads,
-            residual_attention_mode=self.realformer_options["mode"],
-            dropout=cfg.attention_dropout,
-            self_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
+        return self.build_residual_attention(
+            embed_dim, cfg.encoder.attention_heads, cfg, self_attention=True
         )
 
     def forward(
@@ -109,39 +158,21 @@ class RealformerEncoderLayer(TransformerEncoderLayer):
             attn_mask = attn_mask.masked_fill(
                 attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
             )
-        residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        x, _, attn_scores = call_attention(
+        x, _, attn_scores = self.attention_sublayer(
+            x,
             self.self_attn,
+            self.self_attn_layer_norm,
+            self.self_attn_residual,
             prev_attn_scores,
             layer_idx,
-            query=x,
-            key=x,
-            value=x,
             key_padding_mask=encoder_padding_mask,
             need_weights=False,
             attn_mask=attn_mask,
         )
-        x = self.dropout_module(x)
-        x = self.self_attn_residual(x, residual)
-        if not self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-
-        residual = x
-        if self.normalize_before:
-            x = self.final_layer_norm(x)
-        x = self.activation_fn(self.fc1(x))
-        x = self.activation_dropout_module(x)
-        x = self.fc2(x)
-        x = self.dropout_module(x)
-        x = self.ffn_residual(x, residual)
-        if not self.normalize_before:
-            x = self.final_layer_norm(x)
-        return x, attn_scores
+        return self.ffn_sublayer(x), attn_scores
 
 
-class RealformerDecoderLayer(TransformerDecoderLayer):
+class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
     """Decoder layer with residual self-attention (``"decoder"``) and
     cross-attention (``"cross"``) chains and ADMIN residuals."""
 
@@ -177,32 +208,26 @@ class RealformerDecoderLayer(TransformerDecoderLayer):
         if "decoder" not in self.realformer_options["chains"]:
             return super().build_self_attention(embed_dim, args, add_bias_kv, add_zero_attn)
         cfg = TransformerConfig.from_namespace(args)
-        return RealformerMultiheadAttention(
+        return self.build_residual_attention(
             embed_dim,
             cfg.decoder.attention_heads,
-            residual_attention_mode=self.realformer_options["mode"],
-            dropout=cfg.attention_dropout,
+            cfg,
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
             self_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
         )
 
     def build_encoder_attention(self, embed_dim, args):
         if "cross" not in self.realformer_options["chains"]:
             return super().build_encoder_attention(embed_dim, args)
         cfg = TransformerConfig.from_namespace(args)
-        return RealformerMultiheadAttention(
+        return self.build_residual_attention(
             embed_dim,
             cfg.decoder.attention_heads,
-            residual_attention_mode=self.realformer_options["mode"],
+            cfg,
             kdim=cfg.encoder.embed_dim,
             vdim=cfg.encoder.embed_dim,
-            dropout=cfg.attention_dropout,
             encoder_decoder_attention=True,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
         )
 
     def forward(
@@ -234,62 +259,36 @@ class RealformerDecoderLayer(TransformerDecoderLayer):
         """
         if need_head_weights:
             need_attn = True
-
-        residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        x, _, self_attn_scores = call_attention(
+        x, _, self_attn_scores = self.attention_sublayer(
+            x,
             self.self_attn,
+            self.self_attn_layer_norm,
+            self.self_attn_residual,
             prev_self_attn_scores,
             layer_idx,
-            query=x,
-            key=x,
-            value=x,
             key_padding_mask=self_attn_padding_mask,
             incremental_state=incremental_state,
             need_weights=False,
             attn_mask=self_attn_mask,
         )
-        x = self.dropout_module(x)
-        x = self.self_attn_residual(x, residual)
-        if not self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-
         attn: Optional[Tensor] = None
         cross_attn_scores: Optional[Tensor] = None
         if self.encoder_attn is not None and encoder_out is not None:
-            residual = x
-            if self.normalize_before:
-                x = self.encoder_attn_layer_norm(x)
-            x, attn, cross_attn_scores = call_attention(
+            x, attn, cross_attn_scores = self.attention_sublayer(
+                x,
                 self.encoder_attn,
+                self.encoder_attn_layer_norm,
+                self.encoder_attn_residual,
                 prev_cross_attn_scores,
                 layer_idx,
-                query=x,
-                key=encoder_out,
-                value=encoder_out,
+                memory=encoder_out,
                 key_padding_mask=encoder_padding_mask,
                 incremental_state=incremental_state,
                 static_kv=True,
                 need_weights=need_attn or (not self.training and self.need_attn),
                 need_head_weights=need_head_weights,
             )
-            x = self.dropout_module(x)
-            x = self.encoder_attn_residual(x, residual)
-            if not self.normalize_before:
-                x = self.encoder_attn_layer_norm(x)
-
-        residual = x
-        if self.normalize_before:
-            x = self.final_layer_norm(x)
-        x = self.activation_fn(self.fc1(x))
-        x = self.activation_dropout_module(x)
-        x = self.fc2(x)
-        x = self.dropout_module(x)
-        x = self.ffn_residual(x, residual)
-        if not self.normalize_before:
-            x = self.final_layer_norm(x)
-        return x, attn, self_attn_scores, cross_attn_scores
+        return self.ffn_sublayer(x), attn, self_attn_scores, cross_attn_scores
 
 
 def check_chain_heads(layers: List[torch.nn.Module], attr: str, chain: str):
