@@ -254,9 +254,11 @@ def _state_dict_mismatch(model, state_dict, ckpt_arch: Optional[str]) -> str:
         )
         if keys
     ]
+    arch = utils.safe_getattr(model.args, "arch", "unknown")
+    other_flags = " with other flags" if ckpt_arch == arch else ""
     return (
         f"the checkpoint (--arch {ckpt_arch or 'unknown'}) does not fit this model "
-        f"(--arch {utils.safe_getattr(model.args, 'arch', 'unknown')}): " + "; ".join(problems)
+        f"(--arch {arch}{other_flags}): " + "; ".join(problems)
     )
 
 
