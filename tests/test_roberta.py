@@ -149,6 +149,8 @@ def train_mlm(data_bin: Path, save_dir: Path, arch="realformer_bert_tiny", max_u
             str(max_update),
             "--validate-interval-updates",
             str(max(max_update // 3, 1)),
+            "--validate-interval",
+            "1000",  # epochs: validate on the update interval (and at the end) only
             "--save-dir",
             save_dir,
             *COMMON,
@@ -451,6 +453,16 @@ def test_sentence_prediction_from_mlm_checkpoint(language_id_data, mlm_run, tmp_
     drift = (cls["model"][key] - mlm[key]).norm() / mlm[key].norm()
     assert drift < 0.5, float(drift)
 
+    # the attention analysis reads the classifier too (<s> = --init-token 0 prepended)
+    from realformer_fairseq.cli import attention_stats
+
+    model, task = attention_stats.load_checkpoint(
+        str(tmp_path / "cls_ck" / "checkpoint_best.pt"), str(language_id_data)
+    )
+    lines = (language_id_data.parent / "cls_raw" / "valid.input0").read_text().splitlines()[:10]
+    summary = attention_stats.analyse(model, task, lines)["encoder"].summary()
+    assert summary["num_queries"] == sum(len(line.split()) + 2 for line in lines)
+
 
 def unigram_entropy_bits(train_txt: Path, dict_txt: Path) -> float:
     vocab = {line.split()[0] for line in dict_txt.read_text(encoding="utf-8").splitlines()}
@@ -474,6 +486,7 @@ def test_mlm_few_hundred_updates_beats_unigram(tmp_path):
         extra=["--dropout", "0.0", "--attention-dropout", "0.0", "--no-save"],
     )
     losses = parse_valid_loss(output)
-    assert len(losses) >= 3 and losses == sorted(losses, reverse=True), losses
+    assert len(losses) >= 3 and losses[-1] < losses[0] - 0.1, losses
+    assert losses[-1] <= min(losses) + 0.02, losses  # still improving at the end
     unigram = unigram_entropy_bits(tmp_path / "mlm_raw" / "train.txt", data_bin / "dict.txt")
     assert losses[-1] < unigram, (losses, unigram)

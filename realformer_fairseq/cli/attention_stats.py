@@ -238,11 +238,12 @@ def read_lines(path: str, what: str) -> List[str]:
 def _source_prefix(task) -> Optional[int]:
     """The token the task puts before each sentence: masked_lm prepends <s>;
     sentence_prediction its --init-token; translation nothing."""
-    cfg = getattr(task, "cfg", None)
-    name = type(task).__name__
-    if "SentencePrediction" in name:
-        return getattr(cfg, "init_token", None)
-    if "MaskedLM" in name:
+    from fairseq.tasks.masked_lm import MaskedLMTask
+    from fairseq.tasks.sentence_prediction import SentencePredictionTask
+
+    if isinstance(task, SentencePredictionTask):
+        return task.cfg.init_token
+    if isinstance(task, MaskedLMTask):
         return task.source_dictionary.bos()
     return None
 
