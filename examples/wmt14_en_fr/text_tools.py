@@ -186,8 +186,11 @@ def cmd_clean(args):
             src_out.write(" ".join(src_words) + "\n")
             tgt_out.write(" ".join(tgt_words) + "\n")
             kept += 1
-    if kept == 0:
-        raise InputError(f"{args.src_in}: no sentence pair survived cleaning")
+        if kept == 0:  # raised inside the with: neither output is renamed into place
+            raise InputError(
+                f"{args.src_in}, {args.tgt_in}: no sentence pair survived cleaning "
+                f"(lengths {args.min_len}-{args.max_len}, ratio {args.ratio})"
+            )
     print(f"clean: kept {kept} of {n} pairs ({args.src_in}, {args.tgt_in})", file=sys.stderr)
 
 

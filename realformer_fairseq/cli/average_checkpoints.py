@@ -277,12 +277,6 @@ def get_parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = get_parser().parse_args(argv)
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        level=os.environ.get("LOGLEVEL", "INFO").upper(),
-        force=True,
-        stream=sys.stderr,
-    )
     try:
         inputs = resolve_inputs(args)
         logger.info(f"averaging {len(inputs)} checkpoints: {', '.join(inputs)}")
@@ -294,6 +288,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def cli_main():
+    # fairseq-style log lines (force: importing fairseq may have configured logging already)
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        level=os.environ.get("LOGLEVEL", "INFO").upper(),
+        stream=sys.stderr,
+        force=True,
+    )
     sys.exit(main())
 
 

@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Smoke run of the whole WMT'14 En-Fr pipeline on CPU in a few minutes: the same prepare.sh,
+# train.sh and evaluate.sh as the full recipe, with a tiny model, small BPE and a few hundred
+# updates, on local data (../shared/data/enfr: Multi30k train subset, newstest2013 dev,
+# newstest2014 test subset). The scores are not meaningful; that the stages run end to end is.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+usage() {
+    cat <<EOF
+usage: smoke.sh [--work-dir DIR] [--data DIR] [--variant realformer|admin] [--train-lines N]
+                [--valid-lines N] [--test-lines N] [--bpe-size N] [--max-update N] [--average-last N]
+
+  --data DIR   local En-Fr data (default: \$REALFORMER_SHARED_DATA or ../shared/data/enfr)
+Stages: prepare (offline), train (tiny, --cpu), average + evaluate; results in WORK/results.json
+EOF
+}
+
+WORK="$EXAMPLE_DIR/smoke-work"
+DATA="${REALFORMER_SHARED_DATA:-$REPO_ROOT/../shared/data/enfr}"
+VARIANT=realformer
+TRAIN_LINES=8000
+VALID_LINES=300
+TEST_LINES=300
+BPE_SIZE=3000
+MAX_UPDATE=200
+AVERAGE_LAST=2
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+    --work-dir) WORK=$2; shift 2 ;;
+    --data) DATA=$2; shift 2 ;;
+    --variant) VARIANT=$2; shift 2 ;;
+    --train-lines) TRAIN_LINES=$2; shift 2 ;;
+    --valid-lines) VALID_LINES=$2; shift 2 ;;
+    --test-lines) TEST_LINES=$2; shift 2 ;;
+    --bpe-size) BPE_SIZE=$2; shift 2 ;;
+    --max-update) MAX_UPDATE=$2; shift 2 ;;
+    --average-last) AVERAGE_LAST=$2; shift 2 ;;
+    -h | --help) usage; exit 0 ;;
+    *) usage >&2; die "unknown argument: $1" ;;
+    esac
+done
+[[ -d "$DATA" ]] || die "$DATA: missing local data folder (pass --data or set REALFORMER_SHARED_DATA)"
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
+
+log "smoke 1/3: prepare"
+bash "$EXAMPLE_DIR/prepare.sh" --work-dir "$WORK/prep" --dest "$WORK/data-bin" --offline \
+    --train "$DATA/multi30k/train" --valid "$DATA/newstest2013/newstest2013" \
+    --test "$DATA/newstest2014/newstest2014-fren" --max-train-lines "$TRAIN_LINES" \
+    --max-valid-lines "$VALID_LINES" --max-test-lines "$TEST_LINES" --bpe-size "$BPE_SIZE" --workers 1
+
+log "smoke 2/3: train"
+if [[ -f "$WORK/stages/train.done" ]]; then
+    log "train: finished before ($WORK/stages/train.done), skipping"
+else
+    # fairseq-train resumes from checkpoint_last.pt after an interruption
+    bash "$EXAMPLE_DIR/train.sh" --variant "$VARIANT" --size tiny --data-bin "$WORK/data-bin" \
+        --save-dir "$WORK/checkpoints" --cpu --max-tokens 4096 --max-update "$MAX_UPDATE" \
+        --warmup $((MAX_UPDATE / 5)) --log-interval 20 -- --num-workers 0
+    mkdir -p "$WORK/stages"
+    touch "$WORK/stages/train.done"
+fi
+
+log "smoke 3/3: average the last $AVERAGE_LAST epoch checkpoints and evaluate"
+bash "$EXAMPLE_DIR/evaluate.sh" --data-bin "$WORK/data-bin" --checkpoint-dir "$WORK/checkpoints" \
+    --average-last "$AVERAGE_LAST" --out-dir "$WORK/eval" --results "$WORK/results.json" --cpu \
+    -- --max-len-a 1.2 --max-len-b 10 --num-workers 0
+log "smoke run done: $WORK/results.json"
