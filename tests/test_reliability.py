@@ -11,23 +11,15 @@ rows, length-1 and 1024-token sequences and a 60-layer chain in bf16/fp16.
 import argparse
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import harness
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import harness  # noqa: E402
-
-from realformer_fairseq.errors import RealformerConfigError  # noqa: E402
-from realformer_fairseq.modules.realformer_layer import (  # noqa: E402
-    RealformerEncoderLayer,
-    check_chain_heads,
-)
-from realformer_fairseq.modules.residual_attention import (  # noqa: E402
-    RealformerMultiheadAttention,
-)
+from realformer_fairseq.errors import RealformerConfigError
+from realformer_fairseq.modules.realformer_layer import RealformerEncoderLayer, check_chain_heads
+from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
 
 ERROR_PREFIX = "realformer_fairseq: error: "
 
