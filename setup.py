@@ -23,7 +23,8 @@ setup(
         "ve-fairseq==0.12.3",
         # 2.13.0 (the CPU wheel on the build machines) must satisfy this range.
         "torch>=2.1,<2.15",
-        "numpy",
+        # fairseq 0.12 uses np.compat.long / np.int, which numpy 2 removed
+        "numpy>=1.24,<2",
         "sacrebleu>=2.0",
         "sacremoses>=0.1",
         "subword-nmt>=0.3.8",
