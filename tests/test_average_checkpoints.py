@@ -2,7 +2,6 @@
 fairseq-train with --optimizer radam, every epoch checkpoint kept)."""
 
 import hashlib
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -155,7 +154,9 @@ def assert_one_line_error(proc, *needles):
 def test_refuses_to_overwrite_an_input(ckpt_dir, tmp_path):
     target = ckpt_dir / "checkpoint4.pt"
     digest = sha(target)
-    proc = average_subprocess("--inputs", ckpt_dir, "--num-epoch-checkpoints", "2", "--output", target)
+    proc = average_subprocess(
+        "--inputs", ckpt_dir, "--num-epoch-checkpoints", "2", "--output", target
+    )
     assert_one_line_error(proc, target, "one of the inputs")
     # the same file under another name (symlink) is caught too
     link = tmp_path / "link.pt"
@@ -219,7 +220,7 @@ def test_bad_inputs_give_one_line_errors(ckpt_dir, tmp_path):
     assert not out.exists()
 
 
-def test_non_float_tensors_must_agree(tmp_path):
+def test_non_float_tensors_must_agree():
     a = {"model": {"w": torch.ones(2), "step": torch.tensor([1])}, "cfg": None}
     b = {"model": {"w": torch.zeros(2), "step": torch.tensor([2])}, "cfg": None}
     with pytest.raises(avg.AverageError, match="non-float tensor step differs"):
@@ -227,4 +228,3 @@ def test_non_float_tensors_must_agree(tmp_path):
     b["model"]["step"] = torch.tensor([1])
     out = avg.average_states(["a.pt", "b.pt"], [a, b])
     torch.testing.assert_close(out["w"], torch.full((2,), 0.5))
-    shutil.rmtree(tmp_path, ignore_errors=True)

@@ -106,7 +106,9 @@ def test_non_utf8_bytes(tmp_path, corpus):
 def test_missing_offline_input(tmp_path, corpus):
     corpus["test"] = tmp_path / "nowhere" / "newstest2014-fren"
     proc = prepare(tmp_path / "work", corpus)
-    assert_fails_naming(proc, corpus["test"].with_name("newstest2014-fren.en"), "missing input file")
+    assert_fails_naming(
+        proc, corpus["test"].with_name("newstest2014-fren.en"), "missing input file"
+    )
 
 
 def test_missing_bpe_codes_then_resume(tmp_path, corpus):
@@ -211,6 +213,113 @@ def test_tokenize_matches_moses_conventions(tmp_path):
     assert tt._tokenize_line("It’s well-known") == "It &apos;s well @-@ known"
 
 
+# ------------------------------------------------------------------ download stage
+
+
+@pytest.fixture
+def mirror(tmp_path):
+    """A local copy of the statmt.org layout with tiny archives of the fairseq recipe's
+    corpora (real Multi30k pairs), served by curl as file:// URLs."""
+    import gzip
+    import tarfile
+
+    src = tmp_path / "mirror-src"
+    parts = {
+        "wmt13/training-parallel-europarl-v7.tgz": ["training/europarl-v7.fr-en"],
+        "wmt13/training-parallel-commoncrawl.tgz": ["commoncrawl.fr-en"],
+        "wmt13/training-parallel-un.tgz": ["un/undoc.2000.fr-en"],
+        "wmt14/training-parallel-nc-v9.tgz": ["training/news-commentary-v9.fr-en"],
+        "wmt10/training-giga-fren.tar": ["giga-fren.release2.fixed"],
+        "wmt14/dev.tgz": ["dev/newstest2012", "dev/newstest2013"],
+    }
+    root = tmp_path / "mirror"
+    skip = 0
+    for archive, prefixes in parts.items():
+        members = []
+        for prefix in prefixes:
+            write_pair(src / prefix, 20, skip=skip)
+            skip += 20
+            for lang in ("en", "fr"):
+                path = src / f"{prefix}.{lang}"
+                if prefix.startswith("giga"):
+                    gz = path.with_name(path.name + ".gz")
+                    gz.write_bytes(gzip.compress(path.read_bytes()))
+                    path = gz
+                members.append(path)
+        out = root / archive
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with tarfile.open(out, "w:gz" if archive.endswith(".tgz") else "w") as tar:
+            for path in members:
+                tar.add(path, arcname=str(path.relative_to(src)))
+    test = write_pair(src / "test", 20, skip=skip)
+    with tarfile.open(root / "wmt14/test-full.tgz", "w:gz") as tar:
+        for lang, side in (("en", "src"), ("fr", "ref")):
+            sgm = src / f"test-full/newstest2014-fren-{side}.{lang}.sgm"
+            sgm.parent.mkdir(parents=True, exist_ok=True)
+            lines = test.with_name(f"test.{lang}").read_text(encoding="utf-8").splitlines()
+            body = "".join(f'<seg id="{i + 1}">{l}</seg>\n' for i, l in enumerate(lines))
+            sgm.write_text(
+                f'<srcset>\n<doc docid="d">\n{body}</doc>\n</srcset>\n', encoding="utf-8"
+            )
+            tar.add(sgm, arcname=str(sgm.relative_to(src)))
+    return root
+
+
+def download(work, mirror, *extra):
+    return bash("prepare.sh", "--work-dir", work, "--mirror", f"file://{mirror}", "--until", "raw",
+                *extra)  # fmt: skip
+
+
+def test_download_stage_resumes_and_verifies(tmp_path, mirror):
+    work = tmp_path / "work"
+    proc = download(work, mirror)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert done_stages(work) == ["download", "raw"]
+    raw = work / "raw"
+    assert [len((raw / f"{s}.en").read_text().splitlines()) for s in ("train", "valid", "test")] == [
+        100, 40, 20
+    ]  # fmt: skip
+    assert (raw / "test.fr").read_text() == (mirror.parent / "mirror-src/test.fr").read_text()
+    orig = work / "orig"
+    assert len(list(orig.glob("*.ok"))) == 7 and not no_temp_files(work)
+
+    # the stage interrupted after its downloads: the verified archives are not fetched again,
+    # a half-downloaded one is resumed
+    (work / "stages" / "download.done").unlink()
+    dev = orig / "dev.tgz"
+    data = dev.read_bytes()
+    dev.unlink()
+    (orig / "dev.tgz.ok").unlink()
+    (orig / "dev.tgz.extracted").unlink()
+    (orig / "dev.tgz.part").write_bytes(data[: len(data) // 2])
+    proc = download(work, mirror)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("present and verified, skipping download") == 6
+    assert dev.read_bytes() == data and not (orig / "dev.tgz.part").exists()
+
+
+def test_download_rejects_corrupt_archive_and_bad_checksum(tmp_path, mirror):
+    dev = mirror / "wmt14" / "dev.tgz"
+    good = dev.read_bytes()
+    dev.write_bytes(good[: len(good) - 40])  # truncated on the server
+    work = tmp_path / "work"
+    proc = download(work, mirror)
+    assert_fails_naming(proc, work / "orig" / "dev.tgz", "corrupt archive")
+    assert not (work / "orig" / "dev.tgz").exists() and not (work / "orig" / "dev.tgz.ok").exists()
+    assert "download" not in done_stages(work)
+
+    dev.write_bytes(good)
+    sums = tmp_path / "SHA256SUMS"
+    sums.write_text("0" * 64 + "  dev.tgz\n")
+    proc = download(work, mirror, "--checksums", sums)
+    assert_fails_naming(proc, work / "orig" / "dev.tgz", "does not match")
+    import hashlib
+
+    sums.write_text(hashlib.sha256(good).hexdigest() + "  dev.tgz\n")
+    proc = download(work, mirror, "--checksums", sums)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+
 # ------------------------------------------------------------------ train.sh commands
 
 
@@ -249,7 +358,9 @@ def test_full_size_commands(variant, size, gpus, arch, max_tokens, update_freq):
 def test_multi_node_command_uses_torchrun():
     out, _ = dry_run("--variant", "realformer", "--size", "60-12", "--gpus", "8", "--nnodes", "2",
                      "--node-rank", "1", "--master-addr", "node0")  # fmt: skip
-    assert re.search(r"torchrun --nnodes 2 --nproc-per-node 8 --node-rank 1 --master-addr node0", out)
+    assert re.search(
+        r"torchrun --nnodes 2 --nproc-per-node 8 --node-rank 1 --master-addr node0", out
+    )
     assert "--update-freq 16" in out and "--distributed-world-size 16" in out
 
 
@@ -261,10 +372,10 @@ def test_mismatched_batch_warns_and_bad_variant_fails():
 
 
 def test_radam_matches_torch_radam():
-    import realformer_fairseq  # noqa: F401  (registers the optimizer)
     from fairseq.optim import OPTIMIZER_REGISTRY
     from omegaconf import OmegaConf
 
+    import realformer_fairseq  # noqa: F401  (registers the optimizer)
     from realformer_fairseq.optim.radam import FairseqRAdam, FairseqRAdamConfig
 
     assert OPTIMIZER_REGISTRY["radam"] is FairseqRAdam
@@ -314,7 +425,9 @@ def test_smoke_pipeline_end_to_end(tmp_path):
     valid = [float(v) for v in re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", log)]
     assert len(valid) >= 3 and valid[-1] < valid[0] - 0.5
     assert re.search(r"num_updates 200\b", log)
-    # a re-run resumes: every prepare stage and training are skipped
-    proc = bash("smoke.sh", "--work-dir", work, timeout=1800)
+    # a re-run resumes: every prepare stage, training and evaluation are skipped
+    mtime = (work / "results.json").stat().st_mtime_ns
+    proc = bash("smoke.sh", "--work-dir", work, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert proc.stderr.count("finished before") == len(STAGES) + 1
+    assert proc.stderr.count("finished before") == len(STAGES) + 2
+    assert (work / "results.json").stat().st_mtime_ns == mtime

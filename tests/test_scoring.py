@@ -60,13 +60,15 @@ def test_score_mode_detokenizes_moses_output(tmp_path):
     reference, and --detok-lang changes the score from the tokenized one."""
     check = shared_data("bleu_check")
     tok = tmp_path / "ref.tok.fr"
-    text_tools("tokenize", "--lang", "fr", "--mode", "test", "--input", check / "ref.fr",
-               "--output", tok)
+    text_tools(
+        "tokenize", "--lang", "fr", "--mode", "test", "--input", check / "ref.fr", "--output", tok
+    )
     assert "&apos;" in tok.read_text(encoding="utf-8")
     plain, detok = tmp_path / "plain.json", tmp_path / "detok.json"
     evaluate_score("--hyp", tok, "--ref", check / "ref.fr", "--results", plain)
-    evaluate_score("--hyp", tok, "--ref", check / "ref.fr", "--detok-lang", "fr",
-                   "--results", detok)
+    evaluate_score(
+        "--hyp", tok, "--ref", check / "ref.fr", "--detok-lang", "fr", "--results", detok
+    )
     plain_score = json.loads(plain.read_text())["sacrebleu"]["score"]
     detok_score = json.loads(detok.read_text())["sacrebleu"]["score"]
     assert detok_score > 97.0
@@ -82,8 +84,18 @@ def test_tokenized_bleu_matches_fairseq_score(tmp_path):
     for src, dst in ((check / HYP, hyp_tok), (check / "ref.fr", ref_tok)):
         text_tools("tokenize", "--lang", "fr", "--mode", "test", "--input", src, "--output", dst)
     results = tmp_path / "r.json"
-    evaluate_score("--hyp", check / HYP, "--ref", check / "ref.fr", "--tok-hyp", hyp_tok,
-                   "--tok-ref", ref_tok, "--results", results)
+    evaluate_score(
+        "--hyp",
+        check / HYP,
+        "--ref",
+        check / "ref.fr",
+        "--tok-hyp",
+        hyp_tok,
+        "--tok-ref",
+        ref_tok,
+        "--results",
+        results,
+    )
     ours = json.loads(results.read_text())["tokenized_bleu_sacrebleu"]
     out = run([fairseq_command("fairseq-score"), "-s", hyp_tok, "-r", ref_tok])
     match = re.search(r"BLEU4 = ([\d.]+), ([\d.]+)/([\d.]+)/([\d.]+)/([\d.]+)", out)

@@ -349,8 +349,10 @@ stage_generate() {
         --source-lang $SRC --target-lang $TGT --path "$CHECKPOINT" --gen-subset "$SUBSET" \
         --beam "$BEAM" --lenpen "$LENPEN" --remove-bpe "$REMOVE_BPE" \
         --required-batch-size-multiple 1 "${GEN_ARGS[@]}" \
-        >"$out.tmp" 2>"$OUT_DIR/generate.$SUBSET.log" ||
+        >"$out.tmp" 2>"$OUT_DIR/generate.$SUBSET.log" || {
+        rm -f "$out.tmp"
         die "fairseq-generate failed, see $OUT_DIR/generate.$SUBSET.log"
+    }
     mv "$out.tmp" "$out"
     grep -h 'BLEU' "$out" "$OUT_DIR/generate.$SUBSET.log" | tail -1 >&2 || true
 }

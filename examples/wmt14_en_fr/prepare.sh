@@ -11,6 +11,7 @@ usage: prepare.sh [--work-dir DIR] [--dest DIR] [--bpe subword-nmt|sentencepiece
                   [--bpe-codes FILE] [--workers N] [--checksums FILE] [--force]
                   [--offline --train PREFIX[,PREFIX...] --valid PREFIX[,...] --test PREFIX[,...]]
                   [--max-train-lines N] [--max-valid-lines N] [--max-test-lines N]
+                  [--mirror URL] [--until STAGE]
 
 Stages (each skipped on a re-run once it has finished with the same settings):
   download|check_local, raw, tokenize, learn_bpe, apply_bpe, clean, binarize
@@ -25,6 +26,9 @@ Stages (each skipped on a re-run once it has finished with the same settings):
                        --train, --valid, --test (comma-separated prefixes are concatenated)
   --max-*-lines N      keep only the first N pairs of a split (smoke runs)
   --checksums FILE     sha256sum-format list to check downloaded archives against
+  --mirror URL         fetch the archives from URL/wmt13/..., URL/wmt14/... instead of
+                       http://statmt.org (a local copy: file:///path)
+  --until STAGE        stop after STAGE
   --workers N          processes for tokenisation, BPE and fairseq-preprocess (default 4)
   --force              redo every stage
 EOF
@@ -46,6 +50,8 @@ TEST_ARG=""
 MAX_TRAIN_LINES=0
 MAX_VALID_LINES=0
 MAX_TEST_LINES=0
+MIRROR=""
+UNTIL=""
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -65,6 +71,8 @@ while [[ $# -gt 0 ]]; do
     --max-train-lines) MAX_TRAIN_LINES=$2; shift 2 ;;
     --max-valid-lines) MAX_VALID_LINES=$2; shift 2 ;;
     --max-test-lines) MAX_TEST_LINES=$2; shift 2 ;;
+    --mirror) MIRROR=${2%/}; shift 2 ;;
+    --until) UNTIL=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
     esac
@@ -77,6 +85,21 @@ WORK="$(cd "$WORK" && pwd)"
 ORIG=${ORIG:-$WORK/orig}
 DEST=${DEST:-$WORK/data-bin}
 export FORCE WORKERS
+if [[ -n "$MIRROR" ]]; then
+    WMT_URLS=("${WMT_URLS[@]/#http:\/\/statmt.org/$MIRROR}")
+fi
+case "$UNTIL" in
+"" | download | check_local | raw | tokenize | learn_bpe | apply_bpe | clean | binarize) ;;
+*) die "--until: unknown stage '$UNTIL'" ;;
+esac
+# stage NAME SETTINGS FUNCTION: run_stage, then stop if NAME is --until
+stage() {
+    run_stage "$@"
+    if [[ "$1" == "$UNTIL" ]]; then
+        log "stopping after stage $1 (--until)"
+        exit 0
+    fi
+}
 
 abspath_list() { # comma list -> absolute paths, one per line
     local IFS=, p
@@ -109,16 +132,16 @@ S_BIN="$S_CLEAN dest=$DEST"
 
 log "work dir $WORK; data-bin $DEST; BPE $BPE $BPE_SIZE${BPE_CODES:+ (codes $BPE_CODES)}"
 if [[ $OFFLINE == 1 ]]; then
-    run_stage check_local "$S_FETCH" stage_check_local
+    stage check_local "$S_FETCH" stage_check_local
 else
-    run_stage download "$S_FETCH" stage_download
+    stage download "$S_FETCH" stage_download
 fi
-run_stage raw "$S_RAW" stage_raw
-run_stage tokenize "$S_TOK" stage_tokenize
+stage raw "$S_RAW" stage_raw
+stage tokenize "$S_TOK" stage_tokenize
 if [[ -z "$BPE_CODES" ]]; then
-    run_stage learn_bpe "$S_LEARN" stage_learn_bpe
+    stage learn_bpe "$S_LEARN" stage_learn_bpe
 fi
-run_stage apply_bpe "$S_APPLY" stage_apply_bpe
-run_stage clean "$S_CLEAN" stage_clean
-run_stage binarize "$S_BIN" stage_binarize
+stage apply_bpe "$S_APPLY" stage_apply_bpe
+stage clean "$S_CLEAN" stage_clean
+stage binarize "$S_BIN" stage_binarize
 log "done: $DEST"

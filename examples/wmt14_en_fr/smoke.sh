@@ -62,7 +62,12 @@ else
 fi
 
 log "smoke 3/3: average the last $AVERAGE_LAST epoch checkpoints and evaluate"
-bash "$EXAMPLE_DIR/evaluate.sh" --data-bin "$WORK/data-bin" --checkpoint-dir "$WORK/checkpoints" \
-    --average-last "$AVERAGE_LAST" --out-dir "$WORK/eval" --results "$WORK/results.json" --cpu \
-    -- --max-len-a 1.2 --max-len-b 10 --num-workers 0
+if [[ -f "$WORK/stages/evaluate.done" && -f "$WORK/results.json" ]]; then
+    log "evaluate: finished before ($WORK/stages/evaluate.done), skipping"
+else
+    bash "$EXAMPLE_DIR/evaluate.sh" --data-bin "$WORK/data-bin" --checkpoint-dir "$WORK/checkpoints" \
+        --average-last "$AVERAGE_LAST" --out-dir "$WORK/eval" --results "$WORK/results.json" --cpu \
+        -- --max-len-a 1.2 --max-len-b 10 --num-workers 0
+    touch "$WORK/stages/evaluate.done"
+fi
 log "smoke run done: $WORK/results.json"

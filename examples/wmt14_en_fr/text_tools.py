@@ -327,7 +327,7 @@ def cmd_score(args):
         if parsed is None:
             raise InputError(f"{args.fairseq_log}: no 'Generate ... BLEU4 =' line")
         results["tokenized_bleu_fairseq"] = parsed
-    for key, value in (args.meta or []):
+    for key, value in args.meta or []:
         results.setdefault("meta", {})[key] = value
     text = json.dumps(results, indent=1, ensure_ascii=False)
     if args.results:
@@ -345,7 +345,9 @@ def _spm():
     try:
         import sentencepiece
     except ImportError:
-        raise InputError("--bpe sentencepiece needs the sentencepiece package (pip install sentencepiece)")
+        raise InputError(
+            "--bpe sentencepiece needs the sentencepiece package (pip install sentencepiece)"
+        )
     return sentencepiece
 
 
@@ -388,7 +390,12 @@ def cmd_spm_encode(args):
 
 
 def updates_per_epoch(
-    data_bin: str, src: str, tgt: str, max_tokens: int, world_size: int, update_freq: int,
+    data_bin: str,
+    src: str,
+    tgt: str,
+    max_tokens: int,
+    world_size: int,
+    update_freq: int,
     max_positions: int = 1024,
 ) -> dict:
     """Updates in one epoch of fairseq-train, from the binarized train sizes: the same

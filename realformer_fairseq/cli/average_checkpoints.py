@@ -58,7 +58,9 @@ def _checkpoint_paths(
     """The ``n`` checkpoints of ``folder`` with the largest number captured by
     ``pattern`` (at most ``upper_bound``), oldest first."""
     if not os.path.isdir(folder):
-        raise AverageError(f"{folder}: not a folder (with --num-{what}-checkpoints, --inputs is one folder)")
+        raise AverageError(
+            f"{folder}: not a folder (with --num-{what}-checkpoints, --inputs is one folder)"
+        )
     regex = re.compile(pattern)
     found = []
     for name in os.listdir(folder):
@@ -90,10 +92,14 @@ def resolve_inputs(args) -> List[str]:
             raise AverageError(f"--num-{what}-checkpoints must be >= 1, got {n}")
         return _checkpoint_paths(args.inputs[0], n, pattern, args.checkpoint_upper_bound, what)
     if args.checkpoint_upper_bound is not None:
-        raise AverageError("--checkpoint-upper-bound needs --num-epoch- or --num-update-checkpoints")
+        raise AverageError(
+            "--checkpoint-upper-bound needs --num-epoch- or --num-update-checkpoints"
+        )
     for path in args.inputs:
         if os.path.isdir(path):
-            raise AverageError(f"{path}: is a folder; pass checkpoint files or --num-epoch-checkpoints")
+            raise AverageError(
+                f"{path}: is a folder; pass checkpoint files or --num-epoch-checkpoints"
+            )
     return list(args.inputs)
 
 
