@@ -16,6 +16,7 @@ that sees the same two batches per update (``--update-freq 2``).
 
 import os
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -241,11 +242,9 @@ def test_without_omega_broadcast_the_ranks_would_disagree(setup, tmp_path):
 def test_torchrun_cpu_command(setup, tmp_path):
     """The torchrun command of docs/guarantees.md (CPU, gloo) trains like one process."""
     bin_dir = Path(sys.executable).parent
-    args = " ".join(
-        f"'{a}'" for a in train_args(setup["data_bin"], tmp_path)
-    )  # no quotes inside the args
+    args = " ".join(shlex.quote(a) for a in train_args(setup["data_bin"], tmp_path))
     script = (
-        f"exec '{bin_dir / 'fairseq-train'}' {args} --distributed-world-size 2 "
+        f"exec {shlex.quote(str(bin_dir / 'fairseq-train'))} {args} --distributed-world-size 2 "
         "--distributed-backend gloo --ddp-backend legacy_ddp "
         "--distributed-init-method env:// --distributed-rank $RANK --distributed-no-spawn"
     )
