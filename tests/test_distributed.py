@@ -14,6 +14,7 @@ only), so that the ranks can be compared with each other and with one process
 that sees the same two batches per update (``--update-freq 2``).
 """
 
+import json
 import os
 import re
 import shlex
@@ -197,7 +198,9 @@ def setup(tmp_path_factory):
 
 
 def test_two_gloo_ranks_agree_with_each_other_and_with_one_process(setup, tmp_path):
-    logs = run_ranks(setup["launcher"], tmp_path, train_args(setup["data_bin"], tmp_path))
+    profile = tmp_path / "omega.json"
+    args = train_args(setup["data_bin"], tmp_path, "--admin-profile-out", str(profile))
+    logs = run_ranks(setup["launcher"], tmp_path, args)
     rank0, rank1 = load(tmp_path / "rank0.pt"), load(tmp_path / "rank1.pt")
 
     # every parameter and buffer (ADMIN's omega_init, admin_profiled) identical across ranks
@@ -208,6 +211,11 @@ def test_two_gloo_ranks_agree_with_each_other_and_with_one_process(setup, tmp_pa
     assert len(omegas) == 10 and int(rank0["admin_profiled"]) == 1
     assert any(float(v) != 1.0 for v in omegas.values()), "omega was never profiled"
     assert logs[0].count("ADMIN profiling done") == 1  # rank 0 logs at INFO
+    # --admin-profile-out (written by rank 0) holds the omega every rank uses
+    written = json.loads(profile.read_text(encoding="utf-8"))["omega"]
+    assert {f"{name}.omega_init": value for name, value in written.items()} == {
+        k: float(v) for k, v in omegas.items()
+    }
 
     # and equal to one process with the same global batch
     single = setup["single_state"]
