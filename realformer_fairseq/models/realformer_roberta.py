@@ -40,8 +40,9 @@ from fairseq.models.roberta.model import base_architecture as roberta_base_archi
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 
 from ..errors import RealformerConfigError, exit_on_config_error
-from ..modules.admin import AdminProfilingMixin, set_closed_form_omega
+from ..modules.admin import AdminProfilingMixin
 from ..modules.realformer_layer import parse_residual_chains
+from .checkpoint_guard import ArchCheckedLoadMixin
 from .realformer_transformer import (
     RealformerTransformerEncoder,
     add_realformer_args,
@@ -76,21 +77,15 @@ def check_encoder_only_chains(args):
 
 
 @register_model("realformer_roberta")
-class RealformerRobertaModel(AdminProfilingMixin, RobertaModel):
+class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel):
     """fairseq's :class:`RobertaModel` with RealFormer residual attention in its
     encoder and optional ADMIN initialisation (profiled on the first training
     batch of ``masked_lm`` or ``sentence_prediction``, or closed form)."""
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
-        self.register_admin_state(
-            utils.safe_getattr(args, "init_type", "default"),
-            utils.safe_getattr(args, "admin_profile_out", None),
-        )
-        if self.admin_init_type == "admin-closed-form":
-            num_layers = len(encoder.sentence_encoder.layers)
-            set_closed_form_omega(self, {"encoder": 2 * num_layers})
-            self.admin_profiled.fill_(1)
+        self.register_admin_state(args, {"encoder": 2 * len(encoder.sentence_encoder.layers)})
+        self.register_arch_check()
 
     @classmethod
     def add_args(cls, parser):

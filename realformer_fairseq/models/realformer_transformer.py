@@ -25,7 +25,7 @@ from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from torch import Tensor
 
 from ..errors import RealformerConfigError, exit_on_config_error
-from ..modules.admin import INIT_TYPES, AdminProfilingMixin, set_closed_form_omega
+from ..modules.admin import INIT_TYPES, AdminProfilingMixin
 from ..modules.realformer_layer import (
     RealformerDecoderLayer,
     RealformerEncoderLayer,
@@ -33,6 +33,7 @@ from ..modules.realformer_layer import (
     parse_residual_chains,
 )
 from ..modules.residual_attention import RESIDUAL_ATTENTION_MODES
+from .checkpoint_guard import ArchCheckedLoadMixin
 
 logger = logging.getLogger(__name__)
 
@@ -226,42 +227,6 @@ class RealformerTransformerDecoder(TransformerDecoder):
         return x, {"attn": [attn], "inner_states": inner_states}
 
 
-_ARCH_KEY = "realformer_arch"
-
-
-def _record_arch(module, state_dict, prefix, local_metadata):
-    """State-dict hook: keep the model's --arch in the state dict's metadata
-    (saved with it), so that a mismatching load can name it."""
-    local_metadata[_ARCH_KEY] = utils.safe_getattr(module.args, "arch", None)
-
-
-def _state_dict_mismatch(model, state_dict, ckpt_arch: Optional[str]) -> str:
-    """One line: which archs, and the first key of each kind of mismatch."""
-    own = model.state_dict()
-    missing = [k for k in own if k not in state_dict]
-    unexpected = [k for k in state_dict if k not in own]
-    shapes = [
-        f"{k} {tuple(state_dict[k].shape)} vs {tuple(v.shape)}"
-        for k, v in own.items()
-        if k in state_dict and getattr(state_dict[k], "shape", v.shape) != v.shape
-    ]
-    problems = [
-        f"{len(keys)} {what} (e.g. {keys[0]})"
-        for what, keys in (
-            ("missing keys", missing),
-            ("unexpected keys", unexpected),
-            ("shape mismatches, checkpoint vs model", shapes),
-        )
-        if keys
-    ]
-    arch = utils.safe_getattr(model.args, "arch", "unknown")
-    other_flags = " with other flags" if ckpt_arch == arch else ""
-    return (
-        f"the checkpoint (--arch {ckpt_arch or 'unknown'}) does not fit this model "
-        f"(--arch {arch}{other_flags}): " + "; ".join(problems)
-    )
-
-
 def add_realformer_args(parser):
     """The flags this plugin adds to every model it registers."""
     parser.add_argument(
@@ -322,46 +287,16 @@ def validate_realformer_args(args, chains_used=("encoder", "decoder", "cross")):
 
 
 @register_model("realformer_transformer")
-class RealformerTransformerModel(AdminProfilingMixin, TransformerModel):
+class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, TransformerModel):
     """fairseq's :class:`TransformerModel` with RealFormer residual attention
     (per chain) and ADMIN initialisation."""
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
         self.register_admin_state(
-            utils.safe_getattr(args, "init_type", "default"),
-            utils.safe_getattr(args, "admin_profile_out", None),
+            args, {"encoder": 2 * len(encoder.layers), "decoder": 3 * len(decoder.layers)}
         )
-        if self.admin_init_type == "admin-closed-form":
-            set_closed_form_omega(
-                self,
-                {"encoder": 2 * len(encoder.layers), "decoder": 3 * len(decoder.layers)},
-            )
-            self.admin_profiled.fill_(1)
-        self._register_state_dict_hook(_record_arch)
-
-    @exit_on_config_error
-    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
-        """fairseq's ``load_state_dict``; a checkpoint of another architecture is
-        one error line naming both archs, instead of torch's key list under
-        fairseq's "Cannot load model parameters" stack trace."""
-        ckpt_arch = (getattr(state_dict, "_metadata", None) or {}).get("", {}).get(_ARCH_KEY)
-        try:
-            result = super().load_state_dict(
-                state_dict, strict=strict, model_cfg=model_cfg, args=args
-            )
-        except RuntimeError as err:
-            if not strict or "Error(s) in loading state_dict" not in str(err):
-                raise
-            raise RealformerConfigError(_state_dict_mismatch(self, state_dict, ckpt_arch)) from None
-        arch = utils.safe_getattr(self.args, "arch", None)
-        if ckpt_arch is not None and ckpt_arch != arch:
-            logger.warning(
-                "loaded a checkpoint trained with --arch %s into --arch %s (the parameters fit)",
-                ckpt_arch,
-                arch,
-            )
-        return result
+        self.register_arch_check()
 
     @classmethod
     def add_args(cls, parser):

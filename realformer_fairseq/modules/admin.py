@@ -152,19 +152,28 @@ class AdminProfilingMixin:
     """For models with ADMIN residuals: profile omega on the first training
     forward (dropout on, no gradient), unless the state dict says it was done.
 
-    The model must register the buffer ``admin_profiled`` (0 until profiled) and
-    set ``admin_init_type``.
+    The model calls ``register_admin_state`` in ``__init__`` and, in ``forward``,
+    ``if self.needs_admin_profiling(): self.admin_profile(<forward args>)``.
     """
 
     admin_init_type: str = "default"
     admin_profile_out: Optional[str] = None
 
-    def register_admin_state(self, init_type: str, profile_out: Optional[str] = None):
+    def register_admin_state(self, args, num_residual_layers: Dict[str, int]):
+        """Read ``--init-type``/``--admin-profile-out`` and add the
+        ``admin_profiled`` buffer; with ``admin-closed-form``, set omega now from
+        ``num_residual_layers`` per chain (e.g. ``{"encoder": 2 * L}``)."""
+        from fairseq import utils
+
+        init_type = utils.safe_getattr(args, "init_type", "default")
         if init_type not in INIT_TYPES:
             raise ValueError(f"--init-type must be one of {INIT_TYPES}, got {init_type!r}")
         self.admin_init_type = init_type
-        self.admin_profile_out = profile_out
+        self.admin_profile_out = utils.safe_getattr(args, "admin_profile_out", None)
         self.register_buffer("admin_profiled", torch.zeros((), dtype=torch.uint8))
+        if init_type == "admin-closed-form":
+            set_closed_form_omega(self, num_residual_layers)
+            self.admin_profiled.fill_(1)
 
     def needs_admin_profiling(self) -> bool:
         return (
