@@ -17,6 +17,7 @@ import harness
 import pytest
 import torch
 
+from realformer_fairseq.checkpoint_compat import fairseq_checkpoint_globals
 from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.modules.realformer_layer import RealformerEncoderLayer, check_chain_heads
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
@@ -366,3 +367,33 @@ def test_half_precision_stream_is_accumulated_in_float32():
     torch.testing.assert_close(scores, torch.full_like(scores, expected), rtol=2e-3, atol=0)
     (out.float().sum() + scores.sum() * 1e-6).backward()
     assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param(["--fp16", "--fp16-no-flatten-grads"], id="fp16"),
+        pytest.param(
+            ["--memory-efficient-fp16"], id="memory-efficient-fp16", marks=pytest.mark.slow
+        ),
+    ],
+)
+def test_fp16_training_on_cpu(data_bin, tmp_path, flags):
+    """fairseq-train in fp16 on CPU (fairseq's flat fp32 master copy asks for a
+    CUDA device, so --fp16 needs --fp16-no-flatten-grads there): ADMIN profiles
+    in half precision, no gradient overflow, the loss goes down, and omega_init
+    (a buffer, outside the optimizer's fp32 copies) keeps the profiled value."""
+    log = harness.train_translation(
+        data_bin, tmp_path, arch="realformer_tiny", max_update=4, extra=flags
+    )
+    assert log.count("ADMIN profiling done") == 1
+    assert "gradient overflow" not in log and "Minimum loss scale reached" not in log
+    losses = harness.parse_train_losses(log)
+    assert len(losses) == 4 and losses[-1] < losses[0], losses
+    with torch.serialization.safe_globals(fairseq_checkpoint_globals()):
+        state = torch.load(tmp_path / "checkpoint_last.pt", map_location="cpu")["model"]
+    omegas = [float(v) for k, v in state.items() if k.endswith("omega_init")]
+    assert len(omegas) == 10 and max(omegas) > 1.1
+    deltas = [v for k, v in state.items() if k.endswith("omega_delta")]
+    assert all(torch.isfinite(d).all() for d in deltas) and any(d.abs().max() > 0 for d in deltas)
+    assert all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point())
