@@ -59,5 +59,5 @@ fairseq-train "$work/data-bin" --user-dir "$user_dir" --cpu \
 
 echo "== 4/4 fairseq-generate --beam 5 --lenpen 0.8"
 fairseq-generate "$work/data-bin" --user-dir "$user_dir" --cpu --path "$work/checkpoints/checkpoint_last.pt" \
-    --gen-subset test --beam 5 --lenpen 0.8 --batch-size 64 --remove-bpe --num-workers 0 >"$work/generate.log" 2>&1
+    --gen-subset test --beam 5 --lenpen 0.8 --batch-size 64 --required-batch-size-multiple 1 --remove-bpe --num-workers 0 >"$work/generate.log" 2>&1
 tail -n 1 "$work/generate.log"

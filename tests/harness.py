@@ -186,6 +186,10 @@ def generate(
             "test",
             "--batch-size",
             "32",
+            # fairseq 0.12's batch_by_size drops a last batch that is not a
+            # multiple of this (default 8): sentences would silently go missing
+            "--required-batch-size-multiple",
+            "1",
             "--remove-bpe",
             "--num-workers",
             "0",
