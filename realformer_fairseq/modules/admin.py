@@ -205,7 +205,10 @@ class AdminProfilingMixin:
         )
         if self.admin_profile_out and (not dist.is_initialized() or dist.get_rank() == 0):
             import json
+            import os
 
-            with open(self.admin_profile_out, "w", encoding="utf-8") as fh:
+            tmp = f"{self.admin_profile_out}.tmp"
+            with open(tmp, "w", encoding="utf-8") as fh:
                 json.dump({"omega": omegas, "profiling_order": profiler.trace}, fh, indent=1)
+            os.replace(tmp, self.admin_profile_out)
         return omegas
