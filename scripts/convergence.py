@@ -333,9 +333,10 @@ def summarise(results: List[Dict]) -> Dict[str, Dict]:
     return summary
 
 
-def markdown_table(summary: Dict[str, Dict], max_update: int) -> str:
+def markdown_table(summary: Dict[str, Dict], cfg) -> str:
+    size = f"{cfg.layers}L-{cfg.layers}L, width {cfg.width}"
     rows = [
-        f"| variant (6L-6L, width 128) | valid loss @ {max_update} upd | test BLEU | train s/run |",
+        f"| variant ({size}) | valid loss @ {cfg.max_update} upd | test BLEU | train s/run |",
         "|---|---|---|---|",
     ]
     for label, s in summary.items():
@@ -428,7 +429,7 @@ def main(argv=None):
             pool.map(lambda job: run_one(job[0], job[1], data_bin, args.work_dir, args), jobs)
         )
     summary = summarise(results)
-    table = markdown_table(summary, args.max_update)
+    table = markdown_table(summary, args)
     config = {
         k: (str(v) if isinstance(v, Path) else v)
         for k, v in vars(args).items()
