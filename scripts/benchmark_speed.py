@@ -90,16 +90,22 @@ VARIANTS = {
     "vanilla_eager": ("transformer", "eager"),
     "realformer": ("realformer_transformer", None),
     "realformer_sdpa": ("realformer_transformer", "sdpa"),
+    "realformer_baddbmm": ("realformer_transformer", "baddbmm"),
     "postln": ("postln_transformer_tiny", None),
     "admin": ("admin_transformer_tiny", None),
 }
+# the experimental variants decode through the module's own incremental path
 GEN_VARIANTS = ("vanilla", "vanilla_eager", "realformer", "postln", "admin")
 # (numerator, denominator, target) -> ratio keys in the report
 RATIOS = [
     ("realformer", "vanilla"),
+    # fused-kernel gain in training; in generation both run the same code (noise floor)
+    ("vanilla_eager", "vanilla"),
     ("realformer", "vanilla_eager"),
     ("realformer_sdpa", "vanilla"),
     ("realformer_sdpa", "realformer"),
+    ("realformer_baddbmm", "vanilla"),
+    ("realformer_baddbmm", "realformer"),
     ("realformer", "admin"),
     ("admin", "postln"),
     ("postln", "vanilla"),
@@ -171,13 +177,74 @@ def _sdpa_forward(self, query, key, value, key_padding_mask=None, incremental_st
     return self.out_proj(attn), None, stream
 
 
+def _baddbmm_forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
+                     need_weights=True, static_kv=False, attn_mask=None, before_softmax=False,
+                     need_head_weights=False, prev_attn_scores=None, layer_idx=0):  # fmt: skip
+    """The module's own eager path with fewer full-size temporaries: the stream
+    is ``baddbmm(S_prev, Q, K^T)`` (the add fused into the matmul), the softmax
+    input is one scaled copy of it, and the padding mask is filled into that copy
+    in place. Same function as the module's forward in real arithmetic; the
+    incremental path and calls that need the weights use the module's own forward."""
+    from realformer_fairseq.modules.residual_attention import (
+        _MASK_VALUE,
+        RealformerMultiheadAttention,
+    )
+
+    if incremental_state is not None or need_weights or need_head_weights or before_softmax:
+        return RealformerMultiheadAttention.forward(
+            self, query, key, value, key_padding_mask=key_padding_mask,
+            incremental_state=incremental_state, need_weights=need_weights, static_kv=static_kv,
+            attn_mask=attn_mask, before_softmax=before_softmax,
+            need_head_weights=need_head_weights, prev_attn_scores=prev_attn_scores,
+            layer_idx=layer_idx,
+        )  # fmt: skip
+    self.calls += 1
+    tgt_len, bsz, embed_dim = query.size()
+    heads, head_dim = self.num_heads, self.head_dim
+    q = self.q_proj(query) * self.scaling
+    if self.self_attention:
+        key = value = query
+    k, v = self.k_proj(key), self.v_proj(value)
+    q = q.contiguous().view(tgt_len, bsz * heads, head_dim).transpose(0, 1)
+    k = k.contiguous().view(-1, bsz * heads, head_dim).transpose(0, 1)
+    v = v.contiguous().view(-1, bsz * heads, head_dim).transpose(0, 1)
+    src_len = k.size(1)
+    if prev_attn_scores is None:
+        stream = torch.bmm(q, k.transpose(1, 2))  # (bsz*heads, tgt_len, src_len)
+    else:
+        stream = torch.baddbmm(prev_attn_scores, q, k.transpose(1, 2))
+    if self.residual_attention_mode == "mean" and layer_idx > 0:
+        logits = stream * (1.0 / float(layer_idx + 1))
+    else:
+        logits = (
+            stream.clone() if (attn_mask is not None or key_padding_mask is not None) else stream
+        )
+    if attn_mask is not None:
+        logits = logits + attn_mask.float().clamp(min=_MASK_VALUE).unsqueeze(0)
+    if key_padding_mask is not None:
+        logits.view(bsz, heads, tgt_len, src_len).masked_fill_(
+            key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), _MASK_VALUE
+        )
+    probs = self.dropout_module(torch.softmax(logits, dim=-1))
+    attn = torch.bmm(probs, v).transpose(0, 1).contiguous().view(tgt_len, bsz, embed_dim)
+    return self.out_proj(attn), None, stream
+
+
+def make_baddbmm(model):
+    return _patch_residual(model, _baddbmm_forward)
+
+
 def make_sdpa(model):
+    return _patch_residual(model, _sdpa_forward)
+
+
+def _patch_residual(model, forward):
     from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
 
     n = 0
     for module in model.modules():
         if isinstance(module, RealformerMultiheadAttention):
-            module.forward = _sdpa_forward.__get__(module)
+            module.forward = forward.__get__(module)
             n += 1
     if n == 0:
         raise RuntimeError("no RealformerMultiheadAttention to patch")
@@ -275,6 +342,8 @@ class Bench:
             make_eager(self.model)
         elif modifier == "sdpa":
             make_sdpa(self.model)
+        elif modifier == "baddbmm":
+            make_baddbmm(self.model)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-5, foreach=False)
@@ -305,10 +374,24 @@ def timed(fn, n: int) -> float:
 def step_peak_bytes(bench: Bench, sample) -> int:
     """Peak live tensor bytes allocated during one training step above the level
     at its start, from the CPU allocator's memory events in ``torch.profiler``."""
+    return profiled_peak(lambda: bench.train_step(sample))
+
+
+def forward_peak_bytes(bench: Bench, sample) -> int:
+    """The same for the training forward alone (the activations kept for backward)."""
+    bench.model.train()
+    holder = []
+    peak = profiled_peak(lambda: holder.append(bench.criterion(bench.model, sample)[0]))
+    holder[0].backward()
+    bench.optimizer.zero_grad(set_to_none=True)
+    return peak
+
+
+def profiled_peak(fn) -> int:
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        bench.train_step(sample)
+        fn()
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
@@ -330,11 +413,11 @@ def step_peak_bytes(bench: Bench, sample) -> int:
     return peak
 
 
-def exactness(cfg: Dict, dictionary, seed: int = 3) -> Dict[str, float]:
-    """realformer vs realformer_sdpa with the same weights, dropout off: the
+def exactness(cfg: Dict, dictionary, make, seed: int = 3) -> Dict[str, float]:
+    """realformer vs an experimental variant (``make``) with the same weights, dropout off: the
     largest absolute difference of the loss and of any gradient."""
     a, crit = build("realformer_transformer", cfg, dictionary)
-    b = make_sdpa(copy.deepcopy(a))
+    b = make(copy.deepcopy(a))
     sample = make_batch(cfg, dictionary, seed)
     out = {}
     grads = []
@@ -379,6 +462,7 @@ def run_config(name: str, args) -> Dict:
         peak = step_peak_bytes(bench, train_sample)
         persistent = 3 * bench.param_bytes  # parameters + Adam exp_avg + exp_avg_sq
         memory[bench.name] = {
+            "forward_peak_bytes": forward_peak_bytes(bench, train_sample),
             "step_peak_bytes": peak,
             "persistent_bytes": persistent,
             "peak_memory": peak + persistent,
@@ -418,6 +502,9 @@ def run_config(name: str, args) -> Dict:
         if a in memory and b in memory:
             entry["peak_memory"] = memory[a]["peak_memory"] / memory[b]["peak_memory"]
             entry["step_peak_memory"] = memory[a]["step_peak_bytes"] / memory[b]["step_peak_bytes"]
+            entry["forward_peak_memory"] = (
+                memory[a]["forward_peak_bytes"] / memory[b]["forward_peak_bytes"]
+            )
         gr = ratio_stats(sps, a, b)
         if gr:
             entry["gen_sents_per_s"] = gr["median"]
@@ -442,8 +529,75 @@ def run_config(name: str, args) -> Dict:
         "ratios": ratios,
     }
     if "realformer_sdpa" in variants:
-        result["sdpa_exactness"] = exactness(cfg, dictionary)
+        result["sdpa_exactness"] = exactness(cfg, dictionary, make_sdpa)
+    if "realformer_baddbmm" in variants:
+        result["baddbmm_exactness"] = exactness(cfg, dictionary, make_baddbmm)
     return result
+
+
+def attention_micro(name: str, args) -> Dict:
+    """One attention module, forward + backward (the stream's gradient included,
+    as the next layer of a chain would send it), at the config's width, heads,
+    batch and length: fairseq's fused and eager paths vs the residual module's
+    own path and the SDPA formulation. Small units, many interleaved repeats."""
+    from fairseq.modules import MultiheadAttention
+
+    from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+
+    cfg = CONFIGS[name]
+    d, h, bsz, t = cfg["width"], cfg["heads"], cfg["train_batch"], cfg["src_len"]
+    torch.manual_seed(0)
+    x = torch.randn(t, bsz, d, requires_grad=True)
+    kpm = torch.zeros(bsz, t, dtype=torch.bool)
+    kpm[1:, : t // 8] = True  # a little left padding, as in make_batch
+    prev = torch.randn(bsz * h, t, t, requires_grad=True)
+    fused = MultiheadAttention(d, h, self_attention=True)
+    eager = make_eager(copy.deepcopy(fused))
+    ours = RealformerMultiheadAttention(d, h, residual_attention_mode="mean", self_attention=True)
+    ours.load_state_dict(fused.state_dict())
+    sdpa = make_sdpa(copy.deepcopy(ours))
+    fast = make_baddbmm(copy.deepcopy(ours))
+
+    def fairseq_step(module):
+        out, _ = module(x, x, x, key_padding_mask=kpm, need_weights=False)
+        out.sum().backward()
+
+    def residual_step(module):
+        out, _, stream = module(
+            x, x, x, key_padding_mask=kpm, need_weights=False, prev_attn_scores=prev, layer_idx=3
+        )
+        (out.sum() + 1e-3 * stream.sum()).backward()
+
+    steps = {
+        "fairseq_fused": lambda: fairseq_step(fused),
+        "fairseq_eager": lambda: fairseq_step(eager),
+        "realformer": lambda: residual_step(ours),
+        "realformer_sdpa": lambda: residual_step(sdpa),
+        "realformer_baddbmm": lambda: residual_step(fast),
+    }
+    for fn in steps.values():
+        fn()
+    inner = args.micro_iters
+    times = {k: [] for k in steps}
+    for r in range(args.micro_repeats):
+        for k in steps if r % 2 == 0 else list(steps)[::-1]:
+            times[k].append(timed(steps[k], inner) / inner)
+    res = {
+        "shape": {"tgt_len": t, "bsz": bsz, "embed_dim": d, "heads": h},
+        "ms_median": {k: 1e3 * statistics.median(v) for k, v in times.items()},
+        "ratios": {},
+    }
+    for a, b in [
+        ("realformer", "fairseq_fused"),
+        ("realformer", "fairseq_eager"),
+        ("realformer_sdpa", "realformer"),
+        ("realformer_baddbmm", "realformer"),
+        ("realformer_baddbmm", "fairseq_fused"),
+        ("fairseq_eager", "fairseq_fused"),
+    ]:
+        # per-repeat time ratio b/a = throughput ratio a/b
+        res["ratios"][f"{a}/{b}"] = statistics.median([y / x for x, y in zip(times[a], times[b])])
+    return res
 
 
 def machine_info() -> Dict:
@@ -471,15 +625,15 @@ def machine_info() -> Dict:
 
 def format_table(report: Dict) -> str:
     lines = [
-        "| config | ratio | train words/s | peak memory | generation sents/s |",
-        "|---|---|---|---|---|",
+        "| config | ratio | train words/s | peak memory | fwd activations | generation sents/s |",
+        "|---|---|---|---|---|---|",
     ]
 
-    def fmt(entry, key):
+    def fmt(entry, key, marked):
         value = entry.get(key)
         if value is None:
             return "-"
-        target = TARGETS.get(key)
+        target = TARGETS.get(key) if marked else None
         mark = ""
         if target is not None and key in ("train_wps", "gen_sents_per_s"):
             mark = " ✓" if value >= target else " ✗"
@@ -489,24 +643,27 @@ def format_table(report: Dict) -> str:
 
     for name, res in report["configs"].items():
         for key, entry in res["ratios"].items():
+            m = key.startswith("realformer/")  # the targets are for ours vs vanilla
             lines.append(
-                f"| {name} ({res['config']['label']}) | {key} | {fmt(entry, 'train_wps')} | "
-                f"{fmt(entry, 'peak_memory')} | {fmt(entry, 'gen_sents_per_s')} |"
+                f"| {name} ({res['config']['label']}) | {key} | {fmt(entry, 'train_wps', m)} | "
+                f"{fmt(entry, 'peak_memory', m)} | {fmt(entry, 'forward_peak_memory', m)} | "
+                f"{fmt(entry, 'gen_sents_per_s', m)} |"
             )
     return "\n".join(lines)
 
 
 def format_absolute(report: Dict) -> str:
     lines = [
-        "| config | variant | params | train words/s | step peak MiB | +persistent MiB | gen sents/s |",
-        "|---|---|---|---|---|---|---|",
+        "| config | variant | params | train words/s | fwd peak MiB | step peak MiB "
+        "| +persistent MiB | gen sents/s |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for name, res in report["configs"].items():
         for v, d in res["variants"].items():
             gen = d["gen_sents_per_s_median"]
             lines.append(
                 f"| {name} | {v} | {d['params'] / 1e6:.1f}M | {d['train_wps_median']:.0f} | "
-                f"{d['step_peak_bytes'] / 2**20:.1f} | {d['persistent_bytes'] / 2**20:.1f} | "
+                f"{d['forward_peak_bytes'] / 2**20:.1f} | {d['step_peak_bytes'] / 2**20:.1f} | {d['persistent_bytes'] / 2**20:.1f} | "
                 f"{'-' if gen is None else f'{gen:.2f}'} |"
             )
     return "\n".join(lines)
@@ -522,6 +679,11 @@ def parse_args(argv=None):
     p.add_argument("--beam", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
     p.add_argument("--skip-generation", action="store_true")
+    p.add_argument(
+        "--micro", action="store_true", help="only the single attention module micro-benchmark"
+    )
+    p.add_argument("--micro-repeats", type=int, default=15)
+    p.add_argument("--micro-iters", type=int, default=10)
     p.add_argument("--json", type=Path, default=REPO_ROOT / "docs" / "benchmarks" / "speed.json")
     args = p.parse_args(argv)
     if args.repeats < 1 or args.train_steps < 1 or args.gen_batches < 1:
@@ -541,25 +703,37 @@ def main(argv=None) -> Dict:
         "ratios of interleaved runs in one process",
         "memory_method": "torch.profiler(profile_memory=True) CPU allocator events: peak live "
         "tensor bytes during one training step above its start, plus persistent "
-        "3 x parameter bytes (weights + Adam moments)",
+        "3 x parameter bytes (weights + Adam moments); fwd = the training forward alone",
         "machine": machine_info(),
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "targets": TARGETS,
         "configs": {},
     }
-    for name in args.configs:
-        report["configs"][name] = run_config(name, args)
+    if args.micro:
+        report["attention_micro"] = {name: attention_micro(name, args) for name in args.configs}
+        report["description"] = (
+            "CPU, one attention module forward+backward, medians of interleaved repeats"
+        )
+    else:
+        for name in args.configs:
+            report["configs"][name] = run_config(name, args)
     report["wall_seconds"] = round(time.time() - t0, 1)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.json.with_suffix(args.json.suffix + ".tmp")
     tmp.write_text(json.dumps(report, indent=1), encoding="utf-8")
     os.replace(tmp, args.json)
-    print(format_table(report))
-    print()
-    print(format_absolute(report))
+    if args.micro:
+        for name, res in report["attention_micro"].items():
+            print(f"[{name}] {res['shape']} ms: {res['ms_median']}")
+            print(f"[{name}] throughput ratios: {res['ratios']}")
+    else:
+        print(format_table(report))
+        print()
+        print(format_absolute(report))
     for name, res in report["configs"].items():
-        if "sdpa_exactness" in res:
-            print(f"[{name}] realformer_sdpa vs realformer: {res['sdpa_exactness']}")
+        for variant in ("sdpa", "baddbmm"):
+            if f"{variant}_exactness" in res:
+                print(f"[{name}] realformer_{variant} vs realformer: {res[f'{variant}_exactness']}")
     logger.info("wrote %s in %.0fs", args.json, report["wall_seconds"])
     return report
 
