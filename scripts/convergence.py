@@ -17,7 +17,7 @@ subword-nmt; prepared once under ``--work-dir`` and reused.
 
 usage:
     python scripts/convergence.py                # the full study (~45 min on 2 shared cores)
-    python scripts/convergence.py --quick        # smoke check (~2-3 min)
+    python scripts/convergence.py --quick        # smoke check (~1-2 min)
     python scripts/convergence.py --max-update 600 --seeds 1 2 3 --jobs 2 --out docs/benchmarks
 """
 
@@ -27,6 +27,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -163,6 +164,8 @@ def prepare_data(data_root: Path, work: Path, bpe_merges: int, limits: Dict[str,
                 "\n".join(bpe.process_line(line) for line in lines) + "\n",
             )
     tmp_bin = work / "data-bin.tmp"
+    if tmp_bin.exists():
+        shutil.rmtree(tmp_bin)
     run(
         [
             fairseq_command("fairseq-preprocess"),
@@ -173,6 +176,8 @@ def prepare_data(data_root: Path, work: Path, bpe_merges: int, limits: Dict[str,
         ],
         work / "preprocess.log",
     )  # fmt: skip
+    if data_bin.exists():  # incomplete, or from a run without a settings stamp
+        shutil.rmtree(data_bin)
     os.replace(tmp_bin, data_bin)
     write_atomic(stamp_file, stamp)
     return data_bin
