@@ -115,6 +115,44 @@ def preprocess(
     return data_bin
 
 
+def translation_train_args(
+    data_bin: Path,
+    save_dir: Path,
+    arch: str = "realformer_tiny",
+    max_update: Optional[int] = None,
+    extra: Sequence[str] = (),
+    epoch_checkpoints: bool = False,
+) -> List[str]:
+    """fairseq-train arguments (without the command) for a tiny translation run
+    with --user-dir realformer_fairseq on CPU; ``extra`` comes last and wins."""
+    args = [
+        str(data_bin),
+        "--user-dir", USER_DIR,
+        "--task", "translation",
+        "--arch", arch,
+        "--share-all-embeddings",
+        "--optimizer", "adam",
+        "--adam-betas", "(0.9, 0.98)",
+        "--lr", "1e-3",
+        "--lr-scheduler", "inverse_sqrt",
+        "--warmup-updates", "10",
+        "--criterion", "label_smoothed_cross_entropy",
+        "--label-smoothing", "0.1",
+        "--max-tokens", "2000",
+        "--save-dir", str(save_dir),
+        "--log-format", "simple",
+        "--log-interval", "1",
+        "--num-workers", "0",
+        "--seed", "1",
+        "--cpu",
+    ]  # fmt: skip
+    if max_update is not None:
+        args += ["--max-update", str(max_update)]
+    if not epoch_checkpoints:
+        args.append("--no-epoch-checkpoints")
+    return args + [str(a) for a in extra]
+
+
 def train_translation(
     data_bin: Path,
     save_dir: Path,
@@ -127,45 +165,7 @@ def train_translation(
     return run(
         [
             fairseq_command("fairseq-train"),
-            data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "translation",
-            "--arch",
-            arch,
-            "--share-all-embeddings",
-            "--optimizer",
-            "adam",
-            "--adam-betas",
-            "(0.9, 0.98)",
-            "--lr",
-            "1e-3",
-            "--lr-scheduler",
-            "inverse_sqrt",
-            "--warmup-updates",
-            "10",
-            "--criterion",
-            "label_smoothed_cross_entropy",
-            "--label-smoothing",
-            "0.1",
-            "--max-tokens",
-            "2000",
-            "--max-update",
-            str(max_update),
-            "--save-dir",
-            save_dir,
-            "--no-epoch-checkpoints",
-            "--log-format",
-            "simple",
-            "--log-interval",
-            "1",
-            "--num-workers",
-            "0",
-            "--seed",
-            "1",
-            "--cpu",
-            *extra,
+            *translation_train_args(data_bin, save_dir, arch, max_update, extra),
         ],
         env=env,
     )

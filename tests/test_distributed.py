@@ -67,49 +67,9 @@ UPDATES = 4
 def train_args(data_bin: Path, save_dir: Path, *extra) -> List[str]:
     """realformer_tiny (all three chains, ADMIN profiled on the first batch);
     dropout 0 so that a rank's batch sees the same arithmetic as in one process."""
-    return [
-        str(data_bin),
-        "--user-dir",
-        harness.USER_DIR,
-        "--task",
-        "translation",
-        "--arch",
-        "realformer_tiny",
-        "--share-all-embeddings",
-        "--dropout",
-        "0",
-        "--optimizer",
-        "adam",
-        "--adam-betas",
-        "(0.9, 0.98)",
-        "--lr",
-        "1e-3",
-        "--lr-scheduler",
-        "inverse_sqrt",
-        "--warmup-updates",
-        "10",
-        "--criterion",
-        "label_smoothed_cross_entropy",
-        "--label-smoothing",
-        "0.1",
-        "--max-tokens",
-        "2000",
-        "--max-update",
-        str(UPDATES),
-        "--save-dir",
-        str(save_dir),
-        "--no-epoch-checkpoints",
-        "--log-format",
-        "simple",
-        "--log-interval",
-        "1",
-        "--num-workers",
-        "0",
-        "--seed",
-        "1",
-        "--cpu",
-        *extra,
-    ]
+    return harness.translation_train_args(
+        data_bin, save_dir, max_update=UPDATES, extra=("--dropout", "0", *extra)
+    )
 
 
 def free_port() -> int:
