@@ -41,7 +41,6 @@ import argparse
 import copy
 import json
 import logging
-import math
 import os
 import platform
 import statistics
@@ -117,6 +116,20 @@ TARGETS = {"train_wps": 0.95, "peak_memory": 1.15, "gen_sents_per_s": 0.95}
 # experimental exact variant: SDPA for the softmax, one bmm for the stream
 
 
+def _project_heads(self, query, key, value):
+    """The variants' q (scaled), k, v as (bsz*heads, len, head_dim), as the module does."""
+    tgt_len, bsz, _ = query.size()
+    if self.self_attention:
+        key = value = query
+    q = self.q_proj(query) * self.scaling
+    k, v = self.k_proj(key), self.v_proj(value)
+
+    def split(t, length):
+        return t.contiguous().view(length, bsz * self.num_heads, self.head_dim).transpose(0, 1)
+
+    return split(q, tgt_len), split(k, -1), split(v, -1)
+
+
 def _sdpa_forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
                   need_weights=True, static_kv=False, attn_mask=None, before_softmax=False,
                   need_head_weights=False, prev_attn_scores=None, layer_idx=0):  # fmt: skip
@@ -140,16 +153,9 @@ def _sdpa_forward(self, query, key, value, key_padding_mask=None, incremental_st
             layer_idx=layer_idx,
         )  # fmt: skip
     self.calls += 1
+    q, k, v = _project_heads(self, query, key, value)
     tgt_len, bsz, embed_dim = query.size()
-    heads, head_dim = self.num_heads, self.head_dim
-    q = self.q_proj(query) * self.scaling
-    if self.self_attention:
-        key = value = query
-    k, v = self.k_proj(key), self.v_proj(value)
-    q = q.contiguous().view(tgt_len, bsz * heads, head_dim).transpose(0, 1)
-    k = k.contiguous().view(-1, bsz * heads, head_dim).transpose(0, 1)
-    v = v.contiguous().view(-1, bsz * heads, head_dim).transpose(0, 1)
-    src_len = k.size(1)
+    heads, src_len = self.num_heads, k.size(1)
     stream = torch.bmm(q, k.transpose(1, 2)).float()  # (bsz*heads, tgt_len, src_len)
     if prev_attn_scores is not None:
         stream = stream + prev_attn_scores
@@ -199,16 +205,9 @@ def _baddbmm_forward(self, query, key, value, key_padding_mask=None, incremental
             layer_idx=layer_idx,
         )  # fmt: skip
     self.calls += 1
+    q, k, v = _project_heads(self, query, key, value)
     tgt_len, bsz, embed_dim = query.size()
-    heads, head_dim = self.num_heads, self.head_dim
-    q = self.q_proj(query) * self.scaling
-    if self.self_attention:
-        key = value = query
-    k, v = self.k_proj(key), self.v_proj(value)
-    q = q.contiguous().view(tgt_len, bsz * heads, head_dim).transpose(0, 1)
-    k = k.contiguous().view(-1, bsz * heads, head_dim).transpose(0, 1)
-    v = v.contiguous().view(-1, bsz * heads, head_dim).transpose(0, 1)
-    src_len = k.size(1)
+    heads, src_len = self.num_heads, k.size(1)
     if prev_attn_scores is None:
         stream = torch.bmm(q, k.transpose(1, 2))  # (bsz*heads, tgt_len, src_len)
     else:
