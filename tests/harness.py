@@ -264,3 +264,65 @@ def random_batch(
         tgt[row, tgt_len - 2 :] = dictionary.pad()
     src_lengths = src.ne(dictionary.pad()).sum(1)
     return src, src_lengths, tgt
+
+
+MLM_TOKENS_PER_SAMPLE = 64
+
+MLM_COMMON = [
+    "--optimizer",
+    "adam",
+    "--adam-betas",
+    "(0.9, 0.98)",
+    "--lr-scheduler",
+    "inverse_sqrt",
+    "--batch-size",
+    "32",
+    "--log-format",
+    "simple",
+    "--log-interval",
+    "10",
+    "--num-workers",
+    "0",
+    "--seed",
+    "1",
+    "--cpu",
+    "--no-epoch-checkpoints",
+]
+
+
+def train_masked_lm(
+    data_bin: Path, save_dir: Path, arch="realformer_bert_tiny", max_update=60, extra=()
+):
+    return run(
+        [
+            fairseq_command("fairseq-train"),
+            data_bin,
+            "--user-dir",
+            USER_DIR,
+            "--task",
+            "masked_lm",
+            "--criterion",
+            "masked_lm",
+            "--arch",
+            arch,
+            "--tokens-per-sample",
+            str(MLM_TOKENS_PER_SAMPLE),
+            # not "eos": fairseq 0.12's TokenBlockDataset uses np.compat (gone in numpy 2)
+            "--sample-break-mode",
+            "complete",
+            "--lr",
+            "1e-3",
+            "--warmup-updates",
+            "20",
+            "--max-update",
+            str(max_update),
+            "--validate-interval-updates",
+            str(max(max_update // 3, 1)),
+            "--validate-interval",
+            "1000",  # epochs: validate on the update interval (and at the end) only
+            "--save-dir",
+            save_dir,
+            *MLM_COMMON,
+            *extra,
+        ]
+    )

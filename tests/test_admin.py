@@ -27,7 +27,11 @@ def np_var(t):
 
 
 def omegas(model):
-    return {n: float(m.omega_init) for n, m in model.named_modules() if isinstance(m, AdminResidual) and m.admin}
+    return {
+        n: float(m.omega_init)
+        for n, m in model.named_modules()
+        if isinstance(m, AdminResidual) and m.admin
+    }
 
 
 def hand_profiled_omegas(model, src, src_lengths, tgt):
@@ -68,7 +72,12 @@ def hand_profiled_omegas(model, src, src_lengths, tgt):
     r = step("decoder.layers.0.self_attn_residual", 1.0, y, a)
     y = layer.self_attn_layer_norm(y * 1.0 + a)
     c = layer.encoder_attn(
-        query=y, key=enc_out, value=enc_out, key_padding_mask=pad, static_kv=True, need_weights=False
+        query=y,
+        key=enc_out,
+        value=enc_out,
+        key_padding_mask=pad,
+        static_kv=True,
+        need_weights=False,
     )[0]
     omega = r
     r = step("decoder.layers.0.encoder_attn_residual", omega, y, c)
@@ -126,7 +135,9 @@ def test_omega_survives_state_dict_round_trip_and_is_not_reprofiled():
                 m.omega_delta.add_(torch.randn_like(m.omega_delta) * 0.01)  # as if trained
     state = {k: v.clone() for k, v in model.state_dict().items()}
     assert "admin_profiled" in state
-    assert any(k.endswith("omega_init") for k in state) and any(k.endswith("omega_delta") for k in state)
+    assert any(k.endswith("omega_init") for k in state) and any(
+        k.endswith("omega_delta") for k in state
+    )
 
     torch.manual_seed(123)
     fresh, _ = build_translation_model("realformer_tiny", **NO_DROPOUT)
@@ -193,12 +204,18 @@ def test_fairseq_train_profiles_in_one_run_and_writes_the_ratios(multi30k_bin, t
 def test_deep_60_12_post_ln_trains_with_admin(multi30k_bin, tmp_path):
     """The paper's 60L-12L depth at tiny width, in one fairseq-train command."""
     common = [
-        "--encoder-embed-dim", "32",
-        "--encoder-ffn-embed-dim", "64",
-        "--encoder-attention-heads", "2",
-        "--decoder-attention-heads", "2",
-        "--max-tokens", "1500",
-        "--lr", "2e-3",
+        "--encoder-embed-dim",
+        "32",
+        "--encoder-ffn-embed-dim",
+        "64",
+        "--encoder-attention-heads",
+        "2",
+        "--decoder-attention-heads",
+        "2",
+        "--max-tokens",
+        "1500",
+        "--lr",
+        "2e-3",
         "--no-save",
     ]
     out = train_translation(
@@ -206,7 +223,13 @@ def test_deep_60_12_post_ln_trains_with_admin(multi30k_bin, tmp_path):
         tmp_path / "admin",
         arch="realformer_wmt_en_fr_60_12",
         max_update=25,
-        extra=["--init-type", "admin", "--admin-profile-out", str(tmp_path / "omega.json"), *common],
+        extra=[
+            "--init-type",
+            "admin",
+            "--admin-profile-out",
+            str(tmp_path / "omega.json"),
+            *common,
+        ],
     )
     assert out.count("ADMIN profiling done") == 1
     losses = parse_train_losses(out)
@@ -215,4 +238,7 @@ def test_deep_60_12_post_ln_trains_with_admin(multi30k_bin, tmp_path):
     profile = json.loads((tmp_path / "omega.json").read_text())
     assert len(profile["omega"]) == 2 * 60 + 3 * 12
     # omega grows with depth along each stack
-    assert profile["omega"]["encoder.layers.59.ffn_residual"] > profile["omega"]["encoder.layers.1.ffn_residual"]
+    assert (
+        profile["omega"]["encoder.layers.59.ffn_residual"]
+        > profile["omega"]["encoder.layers.1.ffn_residual"]
+    )

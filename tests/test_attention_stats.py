@@ -13,11 +13,11 @@ import pytest
 import torch
 from harness import (
     BIN,
-    USER_DIR,
     fairseq_command,
     make_multi30k_subset,
     preprocess,
     run,
+    train_masked_lm,
     train_translation,
 )
 
@@ -111,40 +111,7 @@ def reference_stats(per_sentence_probs):
 
 
 def _train_mlm(data_bin: Path, save_dir: Path, arch: str):
-    run(
-        [
-            fairseq_command("fairseq-train"),
-            data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "masked_lm",
-            "--criterion",
-            "masked_lm",
-            "--arch",
-            arch,
-            "--tokens-per-sample",
-            "64",
-            "--sample-break-mode",
-            "complete",
-            "--optimizer",
-            "adam",
-            "--lr",
-            "1e-3",
-            "--batch-size",
-            "32",
-            "--max-update",
-            "8",
-            "--save-dir",
-            save_dir,
-            "--no-epoch-checkpoints",
-            "--num-workers",
-            "0",
-            "--seed",
-            "1",
-            "--cpu",
-        ]
-    )
+    train_masked_lm(data_bin, save_dir, arch=arch, max_update=8)
     return save_dir / "checkpoint_last.pt"
 
 

@@ -13,15 +13,26 @@ NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
     "arch,overrides",
     [
         ("realformer_tiny", {"residual_attention_mode": "mean"}),
-        ("realformer_tiny", {"residual_attention_mode": "sum", "encoder_layers": 3, "decoder_layers": 3}),
-        ("realformer_tiny", {"residual_attention": "decoder,cross", "decoder_normalize_before": True,
-                             "encoder_normalize_before": True}),
+        (
+            "realformer_tiny",
+            {"residual_attention_mode": "sum", "encoder_layers": 3, "decoder_layers": 3},
+        ),
+        (
+            "realformer_tiny",
+            {
+                "residual_attention": "decoder,cross",
+                "decoder_normalize_before": True,
+                "encoder_normalize_before": True,
+            },
+        ),
         ("postln_transformer_tiny", {}),
     ],
 )
 def test_incremental_decoding_with_beam_reordering_equals_full_forward(arch, overrides):
     torch.manual_seed(0)
-    model, dictionary = build_translation_model(arch, init_type="default", **NO_DROPOUT, **overrides)
+    model, dictionary = build_translation_model(
+        arch, init_type="default", **NO_DROPOUT, **overrides
+    )
     model.eval()
     bsz, beam, steps = 3, 4, 6
     src, src_lengths, _ = random_batch(dictionary, bsz=bsz, src_len=8, pad_rows=(0, 2))
@@ -43,7 +54,9 @@ def test_incremental_decoding_with_beam_reordering_equals_full_forward(arch, ove
                 model.decoder.reorder_incremental_state_scripting(incremental_state, new_order)
                 tokens = tokens.index_select(0, new_order)
                 step_logits = [x.index_select(0, new_order) for x in step_logits]
-            logits, _ = model.decoder(tokens, encoder_out=encoder_out, incremental_state=incremental_state)
+            logits, _ = model.decoder(
+                tokens, encoder_out=encoder_out, incremental_state=incremental_state
+            )
             step_logits.append(logits[:, -1])
             nxt = torch.randint(dictionary.nspecial, len(dictionary), (bsz * beam, 1), generator=g)
             tokens = torch.cat([tokens, nxt], dim=1)
@@ -55,7 +68,9 @@ def test_incremental_decoding_with_beam_reordering_equals_full_forward(arch, ove
 
 def test_sequence_generator_beam5_lenpen_runs_and_matches_greedy_scores():
     torch.manual_seed(0)
-    model, dictionary = build_translation_model("realformer_tiny", init_type="default", **NO_DROPOUT)
+    model, dictionary = build_translation_model(
+        "realformer_tiny", init_type="default", **NO_DROPOUT
+    )
     model.eval()
     src, src_lengths, _ = random_batch(dictionary, bsz=4, src_len=8, pad_rows=(1, 3))
     generator = SequenceGenerator([model], dictionary, beam_size=5, len_penalty=0.8, max_len_b=10)

@@ -13,7 +13,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import MLM_COMMON as COMMON
+from harness import MLM_TOKENS_PER_SAMPLE as TOKENS_PER_SAMPLE
 from harness import USER_DIR, fairseq_command, parse_valid_loss, run, shared_data
+from harness import train_masked_lm as train_mlm
 
 from realformer_fairseq.models.realformer_roberta import (
     BERT_SIZES,
@@ -23,9 +26,6 @@ from realformer_fairseq.models.realformer_roberta import (
 from realformer_fairseq.models.realformer_transformer import RealformerTransformerEncoder
 from realformer_fairseq.modules.admin import AdminResidual, admin_closed_form_omega
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
-
-TOKENS_PER_SAMPLE = 64
-
 
 # ---------------------------------------------------------------------------
 # data and commands
@@ -99,64 +99,6 @@ def make_language_id_data(root: Path, srcdict: Path, n_train: int = 500, n_valid
             ]
         )
     return data_bin
-
-
-COMMON = [
-    "--optimizer",
-    "adam",
-    "--adam-betas",
-    "(0.9, 0.98)",
-    "--lr-scheduler",
-    "inverse_sqrt",
-    "--batch-size",
-    "32",
-    "--log-format",
-    "simple",
-    "--log-interval",
-    "10",
-    "--num-workers",
-    "0",
-    "--seed",
-    "1",
-    "--cpu",
-    "--no-epoch-checkpoints",
-]
-
-
-def train_mlm(data_bin: Path, save_dir: Path, arch="realformer_bert_tiny", max_update=60, extra=()):
-    return run(
-        [
-            fairseq_command("fairseq-train"),
-            data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "masked_lm",
-            "--criterion",
-            "masked_lm",
-            "--arch",
-            arch,
-            "--tokens-per-sample",
-            str(TOKENS_PER_SAMPLE),
-            # not "eos": fairseq 0.12's TokenBlockDataset uses np.compat (gone in numpy 2)
-            "--sample-break-mode",
-            "complete",
-            "--lr",
-            "1e-3",
-            "--warmup-updates",
-            "20",
-            "--max-update",
-            str(max_update),
-            "--validate-interval-updates",
-            str(max(max_update // 3, 1)),
-            "--validate-interval",
-            "1000",  # epochs: validate on the update interval (and at the end) only
-            "--save-dir",
-            save_dir,
-            *COMMON,
-            *extra,
-        ]
-    )
 
 
 def train_classifier(
