@@ -243,3 +243,23 @@ def test_bf16_model_forward_backward_is_finite():
     assert all(
         torch.isfinite(p.grad.float()).all() for p in model.parameters() if p.grad is not None
     )
+
+
+def test_activation_checkpointing_threads_the_streams_unchanged():
+    """--checkpoint-activations wraps each layer; the score streams still pass."""
+    torch.manual_seed(0)
+    plain, dictionary = build_translation_model("realformer_tiny", init_type="default", **NO_DROPOUT)
+    wrapped, _ = build_translation_model(
+        "realformer_tiny", init_type="default", checkpoint_activations=True, **NO_DROPOUT
+    )
+    wrapped.load_state_dict(plain.state_dict())
+    src, src_lengths, tgt = random_batch(dictionary)
+    plain.train()
+    wrapped.train()
+    out_plain = plain(src, src_lengths, tgt)[0]
+    out_wrapped = wrapped(src, src_lengths, tgt)[0]
+    assert torch.equal(out_plain, out_wrapped)
+    out_plain.square().mean().backward()
+    out_wrapped.square().mean().backward()
+    for p, q in zip(plain.parameters(), wrapped.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-5, rtol=1e-4)
