@@ -307,7 +307,7 @@ def train_masked_lm(
             arch,
             "--tokens-per-sample",
             str(MLM_TOKENS_PER_SAMPLE),
-            # not "eos": fairseq 0.12's TokenBlockDataset uses np.compat (gone in numpy 2)
+            # blocks of whole sentences up to --tokens-per-sample, as in RoBERTa pre-training
             "--sample-break-mode",
             "complete",
             "--lr",
