@@ -248,7 +248,9 @@ def test_bf16_model_forward_backward_is_finite():
 def test_activation_checkpointing_threads_the_streams_unchanged():
     """--checkpoint-activations wraps each layer; the score streams still pass."""
     torch.manual_seed(0)
-    plain, dictionary = build_translation_model("realformer_tiny", init_type="default", **NO_DROPOUT)
+    plain, dictionary = build_translation_model(
+        "realformer_tiny", init_type="default", **NO_DROPOUT
+    )
     wrapped, _ = build_translation_model(
         "realformer_tiny", init_type="default", checkpoint_activations=True, **NO_DROPOUT
     )
