@@ -6,7 +6,6 @@ fairseq's own ``tests/utils.py`` is not in its wheel; these are ours.
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -213,10 +212,6 @@ def parse_train_losses(train_output: str) -> List[float]:
 
 def parse_valid_loss(train_output: str) -> List[float]:
     return [float(m) for m in re.findall(r"valid on 'valid' subset \| loss ([\d.]+)", train_output)]
-
-
-def copy_tree(src: Path, dst: Path):
-    shutil.copytree(src, dst, dirs_exist_ok=True)
 
 
 def toy_dictionary(n_symbols: int = 40):

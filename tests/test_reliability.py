@@ -75,16 +75,6 @@ def train_cmd(data_bin: Path, save_dir: Path, *extra) -> list:
     ]
 
 
-def toy_dictionary(n_symbols: int = 40):
-    from fairseq.data import Dictionary
-
-    d = Dictionary()
-    for i in range(n_symbols):
-        d.add_symbol(f"w{i}")
-    d.finalize(padding_factor=1)
-    return d
-
-
 def arch_args(arch: str = "realformer_tiny", **overrides) -> argparse.Namespace:
     """Model args as fairseq's argument parsing leaves them for ``--arch``."""
     from fairseq.models import ARCH_CONFIG_REGISTRY
@@ -99,7 +89,7 @@ def build_model(arch: str = "realformer_tiny", **overrides):
     from fairseq.models import ARCH_MODEL_REGISTRY
     from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-    dictionary = toy_dictionary()
+    dictionary = harness.toy_dictionary()
     task = TranslationTask(TranslationConfig(), dictionary, dictionary)
     model = ARCH_MODEL_REGISTRY[arch].build_model(arch_args(arch, **overrides), task)
     return model, dictionary
