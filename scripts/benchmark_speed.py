@@ -39,6 +39,7 @@ usage:
 
 import argparse
 import copy
+import functools
 import json
 import logging
 import os
@@ -130,29 +131,44 @@ def _project_heads(self, query, key, value):
     return split(q, tgt_len), split(k, -1), split(v, -1)
 
 
-def _sdpa_forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
-                  need_weights=True, static_kv=False, attn_mask=None, before_softmax=False,
-                  need_head_weights=False, prev_attn_scores=None, layer_idx=0):  # fmt: skip
+def _training_path_only(variant):
+    """Run ``variant`` for training-style calls; the incremental (generation) path
+    and calls that need the weights go to the module's own forward."""
+
+    @functools.wraps(variant)
+    def forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
+                need_weights=True, static_kv=False, attn_mask=None, before_softmax=False,
+                need_head_weights=False, prev_attn_scores=None, layer_idx=0):  # fmt: skip
+        from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+
+        if incremental_state is not None or need_weights or need_head_weights or before_softmax:
+            return RealformerMultiheadAttention.forward(
+                self, query, key, value, key_padding_mask=key_padding_mask,
+                incremental_state=incremental_state, need_weights=need_weights,
+                static_kv=static_kv, attn_mask=attn_mask, before_softmax=before_softmax,
+                need_head_weights=need_head_weights, prev_attn_scores=prev_attn_scores,
+                layer_idx=layer_idx,
+            )  # fmt: skip
+        self.calls += 1
+        return variant(self, query, key, value, key_padding_mask=key_padding_mask,
+                       attn_mask=attn_mask, prev_attn_scores=prev_attn_scores,
+                       layer_idx=layer_idx)  # fmt: skip
+
+    return forward
+
+
+@_training_path_only
+def _sdpa_forward(
+    self, query, key, value, key_padding_mask, attn_mask, prev_attn_scores, layer_idx
+):
     """``RealformerMultiheadAttention.forward`` with the softmax and ``P @ V``
     done by ``F.scaled_dot_product_attention``: with ``S = Q K^T * scaling +
     S_prev`` (the stream, one bmm) and ``div = l + 1`` (mean) or 1 (sum),
     ``softmax(S / div + masks) @ V = SDPA(Q * scaling, K, V, mask=S_prev / div + masks,
     scale=1 / div)``. Exact in real arithmetic; the incremental (generation) path
     and calls that need the weights use the module's own forward."""
-    from realformer_fairseq.modules.residual_attention import (
-        _MASK_VALUE,
-        RealformerMultiheadAttention,
-    )
+    from realformer_fairseq.modules.residual_attention import _MASK_VALUE
 
-    if incremental_state is not None or need_weights or need_head_weights or before_softmax:
-        return RealformerMultiheadAttention.forward(
-            self, query, key, value, key_padding_mask=key_padding_mask,
-            incremental_state=incremental_state, need_weights=need_weights, static_kv=static_kv,
-            attn_mask=attn_mask, before_softmax=before_softmax,
-            need_head_weights=need_head_weights, prev_attn_scores=prev_attn_scores,
-            layer_idx=layer_idx,
-        )  # fmt: skip
-    self.calls += 1
     q, k, v = _project_heads(self, query, key, value)
     tgt_len, bsz, embed_dim = query.size()
     heads, src_len = self.num_heads, k.size(1)
@@ -183,28 +199,17 @@ def _sdpa_forward(self, query, key, value, key_padding_mask=None, incremental_st
     return self.out_proj(attn), None, stream
 
 
-def _baddbmm_forward(self, query, key, value, key_padding_mask=None, incremental_state=None,
-                     need_weights=True, static_kv=False, attn_mask=None, before_softmax=False,
-                     need_head_weights=False, prev_attn_scores=None, layer_idx=0):  # fmt: skip
+@_training_path_only
+def _baddbmm_forward(
+    self, query, key, value, key_padding_mask, attn_mask, prev_attn_scores, layer_idx
+):
     """The module's own eager path with fewer full-size temporaries: the stream
     is ``baddbmm(S_prev, Q, K^T)`` (the add fused into the matmul), the softmax
     input is one scaled copy of it, and the padding mask is filled into that copy
     in place. Same function as the module's forward in real arithmetic; the
     incremental path and calls that need the weights use the module's own forward."""
-    from realformer_fairseq.modules.residual_attention import (
-        _MASK_VALUE,
-        RealformerMultiheadAttention,
-    )
+    from realformer_fairseq.modules.residual_attention import _MASK_VALUE
 
-    if incremental_state is not None or need_weights or need_head_weights or before_softmax:
-        return RealformerMultiheadAttention.forward(
-            self, query, key, value, key_padding_mask=key_padding_mask,
-            incremental_state=incremental_state, need_weights=need_weights, static_kv=static_kv,
-            attn_mask=attn_mask, before_softmax=before_softmax,
-            need_head_weights=need_head_weights, prev_attn_scores=prev_attn_scores,
-            layer_idx=layer_idx,
-        )  # fmt: skip
-    self.calls += 1
     q, k, v = _project_heads(self, query, key, value)
     tgt_len, bsz, embed_dim = query.size()
     heads, src_len = self.num_heads, k.size(1)
