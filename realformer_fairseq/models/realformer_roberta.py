@@ -46,6 +46,7 @@ from .checkpoint_guard import ArchCheckedLoadMixin
 from .realformer_transformer import (
     RealformerTransformerEncoder,
     add_realformer_args,
+    realformer_flag_defaults,
     validate_realformer_args,
 )
 
@@ -152,16 +153,7 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
 def realformer_roberta_base_architecture(args):
     """The paper's BERT setting: residual attention with the running sum,
     Post-LN, fairseq's (BERT) init; then fairseq's RoBERTa defaults."""
-    args.residual_attention = utils.safe_getattr(args, "residual_attention", "encoder")
-    # not parsed here: fairseq calls arch functions while parsing the command line,
-    # outside build_model's one-line errors; check_encoder_only_chains checks the value
-    if args.residual_attention not in (None, "", "none"):
-        args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", "sum")
-    else:
-        args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", None)
-    args.init_type = utils.safe_getattr(args, "init_type", "default")
-    args.admin_profile_out = utils.safe_getattr(args, "admin_profile_out", None)
-    args.admin_allow_pre_ln = utils.safe_getattr(args, "admin_allow_pre_ln", False)
+    realformer_flag_defaults(args, residual_attention="encoder", mode="sum", init_type="default")
     roberta_base_architecture(args)
 
 

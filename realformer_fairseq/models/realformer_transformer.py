@@ -350,18 +350,24 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
 # changes with safe_getattr and calls its parent last.
 
 
-@register_model_architecture("realformer_transformer", "realformer_transformer")
-def realformer_base_architecture(args):
-    args.residual_attention = utils.safe_getattr(args, "residual_attention", "all")
+def realformer_flag_defaults(args, residual_attention: str, mode: str, init_type: str):
+    """Defaults of the plugin's own flags (``add_realformer_args``), for the base
+    arch functions of every model the plugin registers."""
+    args.residual_attention = utils.safe_getattr(args, "residual_attention", residual_attention)
     # not parsed here: fairseq calls arch functions while parsing the command line,
     # outside build_model's one-line errors; validate_realformer_args checks the value
     if args.residual_attention not in (None, "", "none"):
-        args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", "mean")
+        args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", mode)
     else:
         args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", None)
-    args.init_type = utils.safe_getattr(args, "init_type", "admin")
+    args.init_type = utils.safe_getattr(args, "init_type", init_type)
     args.admin_profile_out = utils.safe_getattr(args, "admin_profile_out", None)
     args.admin_allow_pre_ln = utils.safe_getattr(args, "admin_allow_pre_ln", False)
+
+
+@register_model_architecture("realformer_transformer", "realformer_transformer")
+def realformer_base_architecture(args):
+    realformer_flag_defaults(args, residual_attention="all", mode="mean", init_type="admin")
     base_architecture(args)
 
 
