@@ -19,7 +19,6 @@ from harness import USER_DIR, fairseq_command, parse_valid_loss, run, shared_dat
 from harness import train_masked_lm as train_mlm
 
 from realformer_fairseq.models.realformer_roberta import (
-    BERT_SIZES,
     RealformerRobertaEncoder,
     RealformerRobertaModel,
 )
@@ -214,7 +213,6 @@ def build_model(data_bin: Path, arch: str, *extra: str):
 def test_arch_sizes_and_paper_defaults(size):
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-    layers, width, heads, ffn = BERT_SIZES[size]
     expected = {
         "small": (4, 512, 8, 2048),
         "base": (12, 768, 12, 3072),
@@ -222,7 +220,6 @@ def test_arch_sizes_and_paper_defaults(size):
         "xlarge": (36, 1536, 24, 6144),
         "tiny": (2, 64, 2, 128),
     }[size]
-    assert (layers, width, heads, ffn) == expected
     for variant in ("realformer_bert", "postln_bert", "preln_bert"):
         name = f"{variant}_{size}"
         assert ARCH_MODEL_REGISTRY[name] is RealformerRobertaModel
@@ -301,7 +298,11 @@ def test_closed_form_admin_omega(mlm_data):
 @pytest.mark.parametrize(
     "arch,extra,message",
     [
-        ("realformer_bert_tiny", ["--residual-attention", "decoder"], "only the 'encoder' chain"),
+        (
+            "realformer_bert_tiny",
+            ["--residual-attention", "decoder"],
+            "has only the chain(s) encoder",
+        ),
         ("realformer_bert_tiny", ["--residual-attention", "encodr"], "unknown chain"),
         ("preln_bert_tiny", ["--init-type", "admin"], "--admin-allow-pre-ln"),
         ("postln_bert_tiny", ["--residual-attention-mode", "sum"], "needs residual attention on"),
