@@ -22,6 +22,7 @@ settings and refuses any disagreement with one error line.
 
 import argparse
 import dataclasses
+import logging
 from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Sequence
 
 from torch import nn
@@ -29,6 +30,8 @@ from torch import nn
 from .errors import RealformerConfigError
 from .modules.admin import INIT_TYPES, AdminResidual
 from .modules.residual_attention import RESIDUAL_ATTENTION_MODES, RealformerMultiheadAttention
+
+logger = logging.getLogger(__name__)
 
 RESIDUAL_CHAINS = ("encoder", "decoder", "cross")
 ADMIN_INIT_TYPES = ("admin", "admin-closed-form")
@@ -206,3 +209,21 @@ def check_layers_match_settings(
                 f"{model_name} disagrees with its config: an ADMIN residual has "
                 f"admin={module.admin}, but --init-type is {settings.init_type}"
             )
+    logger.info(built_model_summary(chain_attention, residuals, model_name, settings))
+
+
+def built_model_summary(chain_attention, residuals, model_name, settings) -> str:
+    """One log line counted from the built modules, e.g. ``built --arch realformer_tiny:
+    residual attention layers encoder=2/2 decoder=2/2 cross=2/2 (running mean);
+    ADMIN residuals 10/10 (--init-type admin)``."""
+    counts = []
+    for chain, modules in chain_attention.items():
+        present = [m for m in modules if m is not None]
+        residual = sum(isinstance(m, RealformerMultiheadAttention) for m in present)
+        counts.append(f"{chain}={residual}/{len(present)}")
+    mode = settings.residual_attention_mode
+    return (
+        f"built {model_name}: residual attention layers {' '.join(counts)} "
+        f"({'running ' + mode if mode else 'off'}); ADMIN residuals "
+        f"{sum(m.admin for m in residuals)}/{len(residuals)} (--init-type {settings.init_type})"
+    )

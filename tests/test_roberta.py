@@ -7,7 +7,6 @@ import argparse
 import collections
 import json
 import math
-import random
 import re
 from pathlib import Path
 
@@ -15,7 +14,14 @@ import pytest
 import torch
 from harness import MLM_COMMON as COMMON
 from harness import MLM_TOKENS_PER_SAMPLE as TOKENS_PER_SAMPLE
-from harness import USER_DIR, fairseq_command, parse_valid_loss, run, shared_data
+from harness import (
+    USER_DIR,
+    fairseq_command,
+    make_language_id_data,
+    make_mlm_data,
+    parse_valid_loss,
+    run,
+)
 from harness import train_masked_lm as train_mlm
 
 from realformer_fairseq.models.realformer_roberta import (
@@ -28,76 +34,6 @@ from realformer_fairseq.modules.residual_attention import RealformerMultiheadAtt
 
 # ---------------------------------------------------------------------------
 # data and commands
-
-
-def write_lines(path: Path, lines):
-    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
-
-
-def multi30k_lines(lang: str, split: str, start: int, n: int):
-    with open(shared_data("multi30k", f"{split}.{lang}"), encoding="utf-8") as fh:
-        lines = [line.strip().lower() for line in fh]
-    return lines[start : start + n]
-
-
-def make_mlm_data(root: Path, n_train: int = 2000, n_valid: int = 200) -> Path:
-    """English side of Multi30k, fairseq-preprocess --only-source for masked_lm."""
-    raw = root / "mlm_raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    write_lines(raw / "train.txt", multi30k_lines("en", "train", 0, n_train))
-    write_lines(raw / "valid.txt", multi30k_lines("en", "val", 0, n_valid))
-    data_bin = root / "mlm_bin"
-    run(
-        [
-            fairseq_command("fairseq-preprocess"),
-            "--only-source",
-            "--task",
-            "masked_lm",
-            "--trainpref",
-            raw / "train.txt",
-            "--validpref",
-            raw / "valid.txt",
-            "--destdir",
-            data_bin,
-            "--thresholdsrc",
-            "2",
-            "--workers",
-            "1",
-        ]
-    )
-    return data_bin
-
-
-def make_language_id_data(root: Path, srcdict: Path, n_train: int = 500, n_valid: int = 100):
-    """ "Is this line English (0) or French (1)?": Multi30k lines (English and French
-    taken from different sentence pairs, so no line has its translation in the set),
-    in fairseq's sentence_prediction layout (input0/, label/)."""
-    raw = root / "cls_raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for split, src, start, n in (("train", "train", 5000, n_train), ("valid", "val", 200, n_valid)):
-        rows = [(line, "0") for line in multi30k_lines("en", src, start, n)]
-        rows += [(line, "1") for line in multi30k_lines("fr", src, start + n, n)]
-        random.Random(0).shuffle(rows)
-        write_lines(raw / f"{split}.input0", [r[0] for r in rows])
-        write_lines(raw / f"{split}.label", [r[1] for r in rows])
-    data_bin = root / "cls_bin"
-    for part, extra in (("input0", ["--srcdict", srcdict]), ("label", [])):
-        run(
-            [
-                fairseq_command("fairseq-preprocess"),
-                "--only-source",
-                "--trainpref",
-                raw / f"train.{part}",
-                "--validpref",
-                raw / f"valid.{part}",
-                "--destdir",
-                data_bin / part,
-                "--workers",
-                "1",
-                *extra,
-            ]
-        )
-    return data_bin
 
 
 def train_classifier(
