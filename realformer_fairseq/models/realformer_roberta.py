@@ -13,21 +13,11 @@ The model is fairseq's :class:`RobertaModel` with one hook changed:
 classification heads, ``--restore-file`` of an MLM checkpoint into a
 ``sentence_prediction`` run, hub interface) is fairseq's.
 
-Architectures (the paper's Table 1 sizes; ``tiny`` is for tests):
-
-==========  ======  =====  =====  =====
-size        layers  width  heads  ffn
-==========  ======  =====  =====  =====
-tiny        2       64     2      128
-small       4       512    8      2048
-base        12      768    12     3072
-large       24      1024   16     4096
-xlarge      36      1536   24     6144
-==========  ======  =====  =====  =====
-
-with variants ``realformer_bert_*`` (Post-LN + residual attention, the paper's
+Architectures ``realformer_bert_*`` (Post-LN + residual attention, the paper's
 system), ``postln_bert_*`` (Post-LN BERT baseline) and ``preln_bert_*`` (Pre-LN
-baseline, as fairseq's ``roberta_prenorm``: no embedding LayerNorm, final LayerNorm).
+baseline, as fairseq's ``roberta_prenorm``) at the paper's Table 1 sizes (``tiny``,
+``small``, ``base``, ``large``, ``xlarge``): their defaults are in
+:mod:`realformer_fairseq.models.architectures`.
 """
 
 import logging
