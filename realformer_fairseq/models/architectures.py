@@ -154,8 +154,6 @@ PLUGIN_FLAGS = (
 def set_defaults(args, defaults: Dict[str, Any]):
     """Set each key that ``args`` (Namespace or DictConfig) does not have or has as None."""
     for key, value in defaults.items():
-        if key == "residual_attention_mode":
-            continue  # see realformer_flag_defaults
         if utils.safe_getattr(args, key, None) is None:
             if isinstance(value, SameAs):
                 value = utils.safe_getattr(args, value.key, None)

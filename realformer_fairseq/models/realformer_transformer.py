@@ -8,6 +8,7 @@ Three separate residual score chains: encoder self-attention (``encoder``),
 decoder self-attention (``decoder``) and decoder cross-attention (``cross``).
 """
 
+import contextlib
 import logging
 from typing import Dict, List, Optional
 
@@ -266,12 +267,6 @@ class RealformerTransformerDecoder(TransformerDecoder):
         return x, {"attn": [attn], "inner_states": inner_states}
 
 
-def _no_context():
-    import contextlib
-
-    return contextlib.nullcontext()
-
-
 def _settings_of(cfg) -> RealformerSettings:
     settings = getattr(cfg, "realformer_settings", None)
     if not isinstance(settings, RealformerSettings):
@@ -368,7 +363,7 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
         from ``fairseq-train``, ``DictConfig`` from ``fairseq-hydra-train``, checkpoints
         and ``task.build_model``): apply the defaults, read the plugin's settings once,
         build, and refuse a model that does not match them."""
-        with open_dict(args) if OmegaConf.is_config(args) else _no_context():
+        with open_dict(args) if OmegaConf.is_config(args) else contextlib.nullcontext():
             realformer_base_architecture(args)
         validate_realformer_args(args)
         settings = read_realformer_settings(args)
