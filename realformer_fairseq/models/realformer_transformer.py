@@ -34,6 +34,7 @@ from ..modules.realformer_layer import (
 )
 from ..modules.residual_attention import RESIDUAL_ATTENTION_MODES
 from .checkpoint_guard import ArchCheckedLoadMixin
+from .supported_flags import refuse_unsupported_flags
 
 logger = logging.getLogger(__name__)
 
@@ -284,6 +285,7 @@ def validate_realformer_args(args, chains_used=("encoder", "decoder", "cross")):
         )
     if utils.safe_getattr(args, "admin_profile_out", None) and init_type != "admin":
         raise RealformerConfigError("--admin-profile-out needs --init-type admin")
+    refuse_unsupported_flags(args, chains_used)
 
 
 @register_model("realformer_transformer")

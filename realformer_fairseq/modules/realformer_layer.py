@@ -292,7 +292,11 @@ class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
 
 
 def check_chain_heads(layers: List[torch.nn.Module], attr: str, chain: str):
-    """All layers of one residual chain must have the same number of heads."""
+    """All layers of one residual chain must have the same number of heads.
+
+    Indexes ``layers`` rather than iterating it: iterating fairseq's
+    LayerDropModuleList in training mode skips layers and draws random numbers."""
+    layers = [layers[i] for i in range(len(layers))]
     heads = [
         getattr(layer, attr).num_heads for layer in layers if getattr(layer, attr, None) is not None
     ]
