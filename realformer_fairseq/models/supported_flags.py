@@ -30,6 +30,18 @@ def refuse_unsupported_flags(args, chains_used=("encoder", "decoder", "cross")):
                 "transformer; prune a trained model with --model-overrides "
                 f"\"{{'{side}_layers_to_keep': '0,2,4'}}\" instead"
             )
+    keep = [
+        utils.safe_getattr(args, f"{side}_layers_to_keep", None) for side in ("encoder", "decoder")
+    ]
+    if has_decoder and bool(keep[0]) != bool(keep[1]):
+        # fairseq 0.12's prune_state_dict keeps only the layers its pruning passes
+        # map: with one side given, every layer of the other side is dropped
+        given, other = ("encoder", "decoder") if keep[0] else ("decoder", "encoder")
+        raise RealformerConfigError(
+            f"{given}_layers_to_keep without {other}_layers_to_keep: fairseq 0.12 would drop "
+            f"every {other} layer of the checkpoint; list the {other} layers to keep too "
+            "(all of them: '0,1,...')"
+        )
     if has_decoder and utils.safe_getattr(args, "cross_self_attention", False):
         raise RealformerConfigError(
             "--cross-self-attention is not supported: the decoder's layer loop does not "
