@@ -773,3 +773,11 @@ def test_roberta_layerdrop_with_residual_attention_numbers_the_layers_that_ran(d
     for h in handles:
         h.remove()
     assert renumbered > 0  # some forward dropped a layer before a kept one
+
+
+def test_tie_adaptive_weights_with_adaptive_softmax_crashes_fairseq_transformer(dict_dir):
+    """Why the combination is refused: fairseq's translation transformer ties the
+    adaptive softmax to its token embedding, an nn.Embedding without bands."""
+    flags = ["--tie-adaptive-weights", "--adaptive-softmax-cutoff", "10,20"]
+    with pytest.raises(AttributeError, match="weights_for_band"):
+        build(dict_dir, *FAIRSEQ, *flags)
