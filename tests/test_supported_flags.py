@@ -781,3 +781,47 @@ def test_tie_adaptive_weights_with_adaptive_softmax_crashes_fairseq_transformer(
     flags = ["--tie-adaptive-weights", "--adaptive-softmax-cutoff", "10,20"]
     with pytest.raises(AttributeError, match="weights_for_band"):
         build(dict_dir, *FAIRSEQ, *flags)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"layernorm_embedding": True},
+        {"no_scale_embedding": True},
+        {"no_token_positional_embeddings": True},
+        {"quant_noise_pq": 0.25},
+        {"decoder_output_dim": 32, "tie_adaptive_weights": True},
+        {"encoder_layers_to_keep": "0,3", "decoder_layers_to_keep": "1,2"},
+    ],
+    ids=[
+        "layernorm-embedding",
+        "no-scale-embedding",
+        "no-token-positional-embeddings",
+        "quant-noise-pq",
+        "tie-adaptive-weights",
+        "layers-to-keep",
+    ],
+)
+def test_incremental_decoding_with_the_flag_equals_the_full_forward(overrides):
+    """The re-owned decoder loop applies the flag in incremental decoding
+    (``fairseq-generate``) as in the full forward, residual attention on."""
+    torch.manual_seed(0)
+    model, dictionary = build_translation_model(
+        "realformer_tiny", init_type="default", **NAMESPACE_LAYERS, **overrides
+    )
+    model.eval()
+    src, src_lengths, tgt = random_batch(dictionary, bsz=3, src_len=8, tgt_len=6, pad_rows=())
+    with torch.no_grad():
+        full = model(src, src_lengths, tgt, features_only=True)[0]
+        encoder_out = model.encoder(src, src_lengths)
+        incremental_state = {}
+        steps = [
+            model.decoder(
+                tgt[:, : t + 1],
+                encoder_out=encoder_out,
+                incremental_state=incremental_state,
+                features_only=True,
+            )[0][:, -1]
+            for t in range(tgt.size(1))
+        ]
+    torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=0, atol=1e-5)
