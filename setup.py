@@ -23,8 +23,9 @@ setup(
         "ve-fairseq==0.12.3",
         # 2.13.0 (the CPU wheel on the build machines) must satisfy this range.
         "torch>=2.1,<2.15",
-        # fairseq 0.12 uses np.compat.long / np.int, which numpy 2 removed
-        "numpy>=1.24,<2",
+        # fairseq 0.12 uses np.compat.long / np.int, which numpy 2 removed; checkpoint_compat
+        # allow-lists np.dtypes.*DType (pickled into checkpoints), new in numpy 1.25
+        "numpy>=1.25,<2",
         "sacrebleu>=2.0",
         "sacremoses>=0.1",
         "subword-nmt>=0.3.8",

@@ -5,6 +5,7 @@ fairseq's own ``tests/utils.py`` is not in its wheel; these are ours.
 """
 
 import os
+import random
 import re
 import subprocess
 import sys
@@ -321,3 +322,73 @@ def train_masked_lm(
             *extra,
         ]
     )
+
+
+def write_lines(path: Path, lines):
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+
+
+def multi30k_lines(lang: str, split: str, start: int, n: int):
+    with open(shared_data("multi30k", f"{split}.{lang}"), encoding="utf-8") as fh:
+        lines = [line.strip().lower() for line in fh]
+    return lines[start : start + n]
+
+
+def make_mlm_data(root: Path, n_train: int = 2000, n_valid: int = 200) -> Path:
+    """English side of Multi30k, fairseq-preprocess --only-source for masked_lm."""
+    raw = root / "mlm_raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    write_lines(raw / "train.txt", multi30k_lines("en", "train", 0, n_train))
+    write_lines(raw / "valid.txt", multi30k_lines("en", "val", 0, n_valid))
+    data_bin = root / "mlm_bin"
+    run(
+        [
+            fairseq_command("fairseq-preprocess"),
+            "--only-source",
+            "--task",
+            "masked_lm",
+            "--trainpref",
+            raw / "train.txt",
+            "--validpref",
+            raw / "valid.txt",
+            "--destdir",
+            data_bin,
+            "--thresholdsrc",
+            "2",
+            "--workers",
+            "1",
+        ]
+    )
+    return data_bin
+
+
+def make_language_id_data(root: Path, srcdict: Path, n_train: int = 500, n_valid: int = 100):
+    """ "Is this line English (0) or French (1)?": Multi30k lines (English and French
+    taken from different sentence pairs, so no line has its translation in the set),
+    in fairseq's sentence_prediction layout (input0/, label/)."""
+    raw = root / "cls_raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for split, src, start, n in (("train", "train", 5000, n_train), ("valid", "val", 200, n_valid)):
+        rows = [(line, "0") for line in multi30k_lines("en", src, start, n)]
+        rows += [(line, "1") for line in multi30k_lines("fr", src, start + n, n)]
+        random.Random(0).shuffle(rows)
+        write_lines(raw / f"{split}.input0", [r[0] for r in rows])
+        write_lines(raw / f"{split}.label", [r[1] for r in rows])
+    data_bin = root / "cls_bin"
+    for part, extra in (("input0", ["--srcdict", srcdict]), ("label", [])):
+        run(
+            [
+                fairseq_command("fairseq-preprocess"),
+                "--only-source",
+                "--trainpref",
+                raw / f"train.{part}",
+                "--validpref",
+                raw / f"valid.{part}",
+                "--destdir",
+                data_bin / part,
+                "--workers",
+                "1",
+                *extra,
+            ]
+        )
+    return data_bin

@@ -66,7 +66,7 @@ def test_incremental_decoding_with_beam_reordering_equals_full_forward(arch, ove
     torch.testing.assert_close(incremental, full_logits, atol=1e-5, rtol=0)
 
 
-def test_sequence_generator_beam5_lenpen_runs_and_matches_greedy_scores():
+def test_sequence_generator_beam5_lenpen_scores_equal_full_forward_rescoring():
     torch.manual_seed(0)
     model, dictionary = build_translation_model(
         "realformer_tiny", init_type="default", **NO_DROPOUT

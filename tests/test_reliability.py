@@ -252,12 +252,19 @@ def test_chain_with_different_head_counts_is_refused():
     model, _ = build_model("realformer_tiny")
     layers = model.encoder.layers
     check_chain_heads(layers, "self_attn", "encoder")  # 2 and 2 heads: fine
-    layers.append(RealformerEncoderLayer(arch_args("realformer_tiny", encoder_attention_heads=4)))
+    layers.append(
+        RealformerEncoderLayer(
+            arch_args("realformer_tiny", encoder_attention_heads=4),
+            residual_self_attention=True,
+            residual_attention_mode="mean",
+            admin=True,
+        )
+    )
     with pytest.raises(RealformerConfigError, match=r"chain 'encoder'.*\[2, 2, 4\]"):
         check_chain_heads(layers, "self_attn", "encoder")
 
-    two = RealformerMultiheadAttention(16, 2, self_attention=True)
-    four = RealformerMultiheadAttention(16, 4, self_attention=True)
+    two = RealformerMultiheadAttention(16, 2, residual_attention_mode="sum", self_attention=True)
+    four = RealformerMultiheadAttention(16, 4, residual_attention_mode="sum", self_attention=True)
     x = torch.randn(5, 3, 16)  # (seq_len, bsz, embed_dim)
     _, _, scores = two(x, x, x, prev_attn_scores=None, layer_idx=0)  # (3*2, 5, 5)
     with pytest.raises(ValueError, match="residual attention chain mismatch"):

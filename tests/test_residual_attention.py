@@ -191,8 +191,8 @@ def test_residual_on_takes_its_own_path_and_changes_the_output(monkeypatch):
 
 def test_gradient_flows_through_the_stream():
     torch.manual_seed(0)
-    layer1 = RealformerMultiheadAttention(16, 4, self_attention=True)
-    layer2 = RealformerMultiheadAttention(16, 4, self_attention=True)
+    layer1 = RealformerMultiheadAttention(16, 4, residual_attention_mode="sum", self_attention=True)
+    layer2 = RealformerMultiheadAttention(16, 4, residual_attention_mode="sum", self_attention=True)
     x = torch.randn(5, 2, 16)
 
     def layer1_score_grad(loss_weight):
@@ -214,7 +214,7 @@ def test_gradient_flows_through_the_stream():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_deep_stack_keeps_a_finite_float32_stream(dtype):
     torch.manual_seed(0)
-    first = RealformerMultiheadAttention(32, 4, self_attention=True)
+    first = RealformerMultiheadAttention(32, 4, residual_attention_mode="sum", self_attention=True)
     with torch.no_grad():  # large scores: each layer's fit in fp16, their sum does not
         first.q_proj.weight.mul_(32)
         first.k_proj.weight.mul_(32)

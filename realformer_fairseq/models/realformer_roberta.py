@@ -13,40 +13,28 @@ The model is fairseq's :class:`RobertaModel` with one hook changed:
 classification heads, ``--restore-file`` of an MLM checkpoint into a
 ``sentence_prediction`` run, hub interface) is fairseq's.
 
-Architectures (the paper's Table 1 sizes; ``tiny`` is for tests):
-
-==========  ======  =====  =====  =====
-size        layers  width  heads  ffn
-==========  ======  =====  =====  =====
-tiny        2       64     2      128
-small       4       512    8      2048
-base        12      768    12     3072
-large       24      1024   16     4096
-xlarge      36      1536   24     6144
-==========  ======  =====  =====  =====
-
-with variants ``realformer_bert_*`` (Post-LN + residual attention, the paper's
+Architectures ``realformer_bert_*`` (Post-LN + residual attention, the paper's
 system), ``postln_bert_*`` (Post-LN BERT baseline) and ``preln_bert_*`` (Pre-LN
-baseline, as fairseq's ``roberta_prenorm``: no embedding LayerNorm, final LayerNorm).
+baseline, as fairseq's ``roberta_prenorm``) at the paper's Table 1 sizes (``tiny``,
+``small``, ``base``, ``large``, ``xlarge``): their defaults are in
+:mod:`realformer_fairseq.models.architectures`.
 """
 
 import logging
-from typing import Any, Dict
 
 from fairseq import utils
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import RobertaEncoder, RobertaModel
-from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 
-from ..errors import RealformerConfigError, exit_on_config_error
+from ..errors import exit_on_config_error
 from ..modules.admin import AdminProfilingMixin
-from ..modules.realformer_layer import parse_residual_chains
+from ..settings import RealformerSettings, check_layers_match_settings, read_realformer_settings
+from .architectures import family_base_architecture, register_family_architectures
 from .checkpoint_guard import ArchCheckedLoadMixin
 from .realformer_transformer import (
     RealformerTransformerEncoder,
     add_realformer_args,
-    realformer_flag_defaults,
     validate_realformer_args,
 )
 
@@ -57,24 +45,19 @@ ENCODER_ONLY_CHAINS = ("encoder",)
 
 class RealformerRobertaEncoder(RobertaEncoder):
     """fairseq's :class:`RobertaEncoder` whose sentence encoder is a
-    :class:`RealformerTransformerEncoder` (residual attention, ADMIN residuals)."""
+    :class:`RealformerTransformerEncoder` (residual attention, ADMIN residuals),
+    built with the explicit ``settings``."""
+
+    def __init__(self, args, dictionary, settings: RealformerSettings):
+        self.realformer_settings = settings  # read by build_encoder
+        super().__init__(args, dictionary)
 
     def build_encoder(self, args, dictionary, embed_tokens):
-        encoder = RealformerTransformerEncoder(args, dictionary, embed_tokens)
+        encoder = RealformerTransformerEncoder(
+            args, dictionary, embed_tokens, settings=self.realformer_settings
+        )
         encoder.apply(init_bert_params)
         return encoder
-
-
-def check_encoder_only_chains(args):
-    """``--residual-attention`` for an encoder-only model: ``all``, ``none`` or
-    ``encoder``; naming a decoder chain is an error rather than silently ignored."""
-    value = utils.safe_getattr(args, "residual_attention", "none")
-    chains = parse_residual_chains(value)
-    if value != "all" and chains - set(ENCODER_ONLY_CHAINS):
-        raise RealformerConfigError(
-            f"--residual-attention {value}: this encoder-only model has only the "
-            "'encoder' chain (use 'all', 'encoder' or 'none')"
-        )
 
 
 @register_model("realformer_roberta")
@@ -85,7 +68,12 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
-        self.register_admin_state(args, {"encoder": 2 * len(encoder.sentence_encoder.layers)})
+        settings = encoder.realformer_settings
+        self.register_admin_state(
+            settings.init_type,
+            settings.admin_profile_out,
+            {"encoder": 2 * len(encoder.sentence_encoder.layers)},
+        )
         self.register_arch_check()
 
     @classmethod
@@ -105,7 +93,9 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
             OmegaConf.set_struct(args, False)
 
         realformer_roberta_base_architecture(args)
-        check_encoder_only_chains(args)
+        settings = read_realformer_settings(
+            args, model_chains=ENCODER_ONLY_CHAINS, model_name="this encoder-only model"
+        )
         validate_realformer_args(args, chains_used=ENCODER_ONLY_CHAINS)
 
         if not utils.safe_hasattr(args, "max_positions"):
@@ -113,12 +103,20 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
                 args.tokens_per_sample = task.max_positions()
             args.max_positions = args.tokens_per_sample
 
-        encoder = RealformerRobertaEncoder(args, task.source_dictionary)
+        encoder = RealformerRobertaEncoder(args, task.source_dictionary, settings)
 
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, True)
 
-        return cls(args, encoder)
+        model = cls(args, encoder)
+        layers = encoder.sentence_encoder.layers
+        check_layers_match_settings(
+            settings,
+            {"encoder": [layer.self_attn for layer in layers]},
+            model,
+            model_name=f"--arch {utils.safe_getattr(args, 'arch', None) or args._name}",
+        )
+        return model
 
     def forward(
         self,
@@ -145,56 +143,10 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
         )
 
 
-# Architectures. Defaults live here only; each arch function sets what it
-# changes with safe_getattr and calls its parent last.
+# Architectures: every default is in models/architectures.py (FAMILIES).
 
+realformer_roberta_base_architecture = register_model_architecture(
+    "realformer_roberta", "realformer_roberta"
+)(family_base_architecture("realformer_roberta"))
 
-@register_model_architecture("realformer_roberta", "realformer_roberta")
-def realformer_roberta_base_architecture(args):
-    """The paper's BERT setting: residual attention with the running sum,
-    Post-LN, fairseq's (BERT) init; then fairseq's RoBERTa defaults."""
-    realformer_flag_defaults(args, residual_attention="encoder", mode="sum", init_type="default")
-    roberta_base_architecture(args)
-
-
-# size name -> (layers, width, heads, ffn)
-BERT_SIZES = {
-    "tiny": (2, 64, 2, 128),
-    "small": (4, 512, 8, 2048),
-    "base": (12, 768, 12, 3072),
-    "large": (24, 1024, 16, 4096),
-    "xlarge": (36, 1536, 24, 6144),
-}
-
-# variant prefix -> defaults for the plugin's and fairseq's flags
-BERT_VARIANTS = {
-    "realformer_bert": {"residual_attention": "encoder", "encoder_normalize_before": False},
-    "postln_bert": {"residual_attention": "none", "encoder_normalize_before": False},
-    "preln_bert": {
-        "residual_attention": "none",
-        "encoder_normalize_before": True,
-        "layernorm_embedding": False,
-    },
-}
-
-
-def _make_bert_architecture(variant_defaults: Dict[str, Any], layers, width, heads, ffn):
-    def architecture(args):
-        for key, value in variant_defaults.items():
-            setattr(args, key, utils.safe_getattr(args, key, value))
-        args.encoder_layers = utils.safe_getattr(args, "encoder_layers", layers)
-        args.encoder_embed_dim = utils.safe_getattr(args, "encoder_embed_dim", width)
-        args.encoder_attention_heads = utils.safe_getattr(args, "encoder_attention_heads", heads)
-        args.encoder_ffn_embed_dim = utils.safe_getattr(args, "encoder_ffn_embed_dim", ffn)
-        realformer_roberta_base_architecture(args)
-
-    return architecture
-
-
-BERT_ARCHITECTURES = {}
-for _variant, _defaults in BERT_VARIANTS.items():
-    for _size, _dims in BERT_SIZES.items():
-        _name = f"{_variant}_{_size}"
-        BERT_ARCHITECTURES[_name] = register_model_architecture("realformer_roberta", _name)(
-            _make_bert_architecture(_defaults, *_dims)
-        )
+BERT_ARCHITECTURES = register_family_architectures("realformer_roberta")

@@ -9,19 +9,20 @@ decoder self-attention (``decoder``) and decoder cross-attention (``cross``).
 """
 
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from fairseq import utils
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import (
+    TransformerConfig,
     TransformerDecoder,
     TransformerEncoder,
     TransformerModel,
-    base_architecture,
 )
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
+from omegaconf import OmegaConf, open_dict
 from torch import Tensor
 
 from ..errors import RealformerConfigError, exit_on_config_error
@@ -33,6 +34,17 @@ from ..modules.realformer_layer import (
     parse_residual_chains,
 )
 from ..modules.residual_attention import RESIDUAL_ATTENTION_MODES
+from ..settings import (
+    RealformerSettings,
+    check_layers_match_settings,
+    namespace_of,
+    read_realformer_settings,
+)
+from .architectures import (  # noqa: F401 (realformer_flag_defaults: re-exported)
+    family_base_architecture,
+    realformer_flag_defaults,
+    register_family_architectures,
+)
 from .checkpoint_guard import ArchCheckedLoadMixin
 from .supported_flags import refuse_unsupported_flags
 
@@ -55,16 +67,27 @@ def _wrap_layer(layer, args):
 
 class RealformerTransformerEncoder(TransformerEncoder):
     """fairseq :class:`TransformerEncoder` whose layer loop threads the
-    encoder self-attention score stream."""
+    encoder self-attention score stream.
 
-    def __init__(self, args, dictionary, embed_tokens, return_fc=False):
-        if return_fc:
-            raise RealformerConfigError("realformer encoders do not support return_fc")
+    ``settings`` (the plugin's flags, read once by the model's ``build_model``) is
+    explicit: fairseq converts ``args`` to a ``TransformerConfig`` before the layers
+    are built, which drops the plugin's keys when ``args`` is a ``DictConfig``."""
+
+    def __init__(self, args, dictionary, embed_tokens, settings: RealformerSettings):
+        # read by build_encoder_layer, which fairseq's __init__ calls
+        self.realformer_settings = settings
         super().__init__(args, dictionary, embed_tokens)
         check_chain_heads(self.layers, "self_attn", "encoder")
 
     def build_encoder_layer(self, args):
-        return _wrap_layer(RealformerEncoderLayer(args), args)
+        settings = self.realformer_settings
+        layer = RealformerEncoderLayer(
+            args,
+            residual_self_attention=settings.residual("encoder"),
+            residual_attention_mode=settings.residual_attention_mode,
+            admin=settings.admin,
+        )
+        return _wrap_layer(layer, args)
 
     def forward_scriptable(
         self,
@@ -126,8 +149,15 @@ class RealformerTransformerDecoder(TransformerDecoder):
     """
 
     def __init__(
-        self, args, dictionary, embed_tokens, no_encoder_attn=False, output_projection=None
+        self,
+        args,
+        dictionary,
+        embed_tokens,
+        settings: RealformerSettings,
+        no_encoder_attn=False,
+        output_projection=None,
     ):
+        self.realformer_settings = settings  # read by build_decoder_layer
         super().__init__(
             args,
             dictionary,
@@ -139,7 +169,16 @@ class RealformerTransformerDecoder(TransformerDecoder):
         check_chain_heads(self.layers, "encoder_attn", "cross")
 
     def build_decoder_layer(self, args, no_encoder_attn=False):
-        return _wrap_layer(RealformerDecoderLayer(args, no_encoder_attn), args)
+        settings = self.realformer_settings
+        layer = RealformerDecoderLayer(
+            args,
+            no_encoder_attn,
+            residual_self_attention=settings.residual("decoder"),
+            residual_cross_attention=settings.residual("cross"),
+            residual_attention_mode=settings.residual_attention_mode,
+            admin=settings.admin,
+        )
+        return _wrap_layer(layer, args)
 
     def extract_features_scriptable(
         self,
@@ -228,6 +267,22 @@ class RealformerTransformerDecoder(TransformerDecoder):
         return x, {"attn": [attn], "inner_states": inner_states}
 
 
+def _no_context():
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+def _settings_of(cfg) -> RealformerSettings:
+    settings = getattr(cfg, "realformer_settings", None)
+    if not isinstance(settings, RealformerSettings):
+        raise RealformerConfigError(
+            "build realformer_transformer models with RealformerTransformerModel.build_model "
+            "(or fairseq's task.build_model), which reads the plugin's settings"
+        )
+    return settings
+
+
 def add_realformer_args(parser):
     """The flags this plugin adds to every model it registers."""
     parser.add_argument(
@@ -295,8 +350,11 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
+        settings = encoder.realformer_settings
         self.register_admin_state(
-            args, {"encoder": 2 * len(encoder.layers), "decoder": 3 * len(decoder.layers)}
+            settings.init_type,
+            settings.admin_profile_out,
+            {"encoder": 2 * len(encoder.layers), "decoder": 3 * len(decoder.layers)},
         )
         self.register_arch_check()
 
@@ -308,21 +366,45 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
     @classmethod
     @exit_on_config_error
     def build_model(cls, args, task):
-        realformer_base_architecture(args)
+        """fairseq's ``build_model`` for ``args`` of any type (argparse ``Namespace``
+        from ``fairseq-train``, ``DictConfig`` from ``fairseq-hydra-train``, checkpoints
+        and ``task.build_model``): apply the defaults, read the plugin's settings once,
+        build, and refuse a model that does not match them."""
+        with open_dict(args) if OmegaConf.is_config(args) else _no_context():
+            realformer_base_architecture(args)
         validate_realformer_args(args)
-        return super().build_model(args, task)
+        settings = read_realformer_settings(args)
+        # fairseq's TransformerConfig.from_namespace keeps non-field keys only from a
+        # Namespace; the settings travel on the config to build_encoder/build_decoder
+        cfg = TransformerConfig.from_namespace(namespace_of(args))
+        cfg.realformer_settings = settings
+        if utils.safe_getattr(cfg, "arch", None) is None:  # hydra: model._name is the arch
+            cfg.arch = utils.safe_getattr(args, "_name", None)
+        model = super().build_model(cfg, task)
+        check_layers_match_settings(
+            settings,
+            {
+                "encoder": [layer.self_attn for layer in model.encoder.layers],
+                "decoder": [layer.self_attn for layer in model.decoder.layers],
+                "cross": [layer.encoder_attn for layer in model.decoder.layers],
+            },
+            model,
+            model_name=f"--arch {cfg.arch}",
+        )
+        return model
 
     @classmethod
-    def build_encoder(cls, args, src_dict, embed_tokens):
-        return RealformerTransformerEncoder(args, src_dict, embed_tokens)
+    def build_encoder(cls, cfg, src_dict, embed_tokens):
+        return RealformerTransformerEncoder(cfg, src_dict, embed_tokens, settings=_settings_of(cfg))
 
     @classmethod
-    def build_decoder(cls, args, tgt_dict, embed_tokens):
+    def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         return RealformerTransformerDecoder(
-            args,
+            cfg,
             tgt_dict,
             embed_tokens,
-            no_encoder_attn=utils.safe_getattr(args, "no_cross_attention", False),
+            settings=_settings_of(cfg),
+            no_encoder_attn=cfg.no_cross_attention,
         )
 
     def forward(
@@ -348,101 +430,10 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
         )
 
 
-# Architectures. Defaults live here only; each arch function sets what it
-# changes with safe_getattr and calls its parent last.
+# Architectures: every default is in models/architectures.py (FAMILIES).
 
+realformer_base_architecture = register_model_architecture(
+    "realformer_transformer", "realformer_transformer"
+)(family_base_architecture("realformer_transformer"))
 
-def realformer_flag_defaults(args, residual_attention: str, mode: str, init_type: str):
-    """Defaults of the plugin's own flags (``add_realformer_args``), for the base
-    arch functions of every model the plugin registers."""
-    args.residual_attention = utils.safe_getattr(args, "residual_attention", residual_attention)
-    # not parsed here: fairseq calls arch functions while parsing the command line,
-    # outside build_model's one-line errors; validate_realformer_args checks the value
-    if args.residual_attention not in (None, "", "none"):
-        args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", mode)
-    else:
-        args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", None)
-    args.init_type = utils.safe_getattr(args, "init_type", init_type)
-    args.admin_profile_out = utils.safe_getattr(args, "admin_profile_out", None)
-    args.admin_allow_pre_ln = utils.safe_getattr(args, "admin_allow_pre_ln", False)
-
-
-@register_model_architecture("realformer_transformer", "realformer_transformer")
-def realformer_base_architecture(args):
-    realformer_flag_defaults(args, residual_attention="all", mode="mean", init_type="admin")
-    base_architecture(args)
-
-
-def _wmt_en_fr(args):
-    """The paper's NMT width: 512/2048, 8 heads, Post-LN, shared embeddings."""
-    args.encoder_embed_dim = utils.safe_getattr(args, "encoder_embed_dim", 512)
-    args.encoder_ffn_embed_dim = utils.safe_getattr(args, "encoder_ffn_embed_dim", 2048)
-    args.encoder_attention_heads = utils.safe_getattr(args, "encoder_attention_heads", 8)
-    args.decoder_embed_dim = utils.safe_getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = utils.safe_getattr(
-        args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim
-    )
-    args.decoder_attention_heads = utils.safe_getattr(args, "decoder_attention_heads", 8)
-    args.encoder_normalize_before = utils.safe_getattr(args, "encoder_normalize_before", False)
-    args.decoder_normalize_before = utils.safe_getattr(args, "decoder_normalize_before", False)
-    args.share_all_embeddings = utils.safe_getattr(args, "share_all_embeddings", True)
-    args.dropout = utils.safe_getattr(args, "dropout", 0.1)
-
-
-def _tiny(args):
-    """For tests on CPU: 64 wide, 2 heads, 2L-2L."""
-    args.encoder_embed_dim = utils.safe_getattr(args, "encoder_embed_dim", 64)
-    args.encoder_ffn_embed_dim = utils.safe_getattr(args, "encoder_ffn_embed_dim", 128)
-    args.encoder_attention_heads = utils.safe_getattr(args, "encoder_attention_heads", 2)
-    args.decoder_embed_dim = utils.safe_getattr(args, "decoder_embed_dim", args.encoder_embed_dim)
-    args.decoder_ffn_embed_dim = utils.safe_getattr(
-        args, "decoder_ffn_embed_dim", args.encoder_ffn_embed_dim
-    )
-    args.decoder_attention_heads = utils.safe_getattr(args, "decoder_attention_heads", 2)
-    args.encoder_layers = utils.safe_getattr(args, "encoder_layers", 2)
-    args.decoder_layers = utils.safe_getattr(args, "decoder_layers", 2)
-
-
-# size name -> (width function, encoder layers, decoder layers)
-ARCH_SIZES = {
-    "wmt_en_fr": (_wmt_en_fr, 6, 6),
-    "wmt_en_fr_18_18": (_wmt_en_fr, 18, 18),
-    "wmt_en_fr_60_12": (_wmt_en_fr, 60, 12),
-    "tiny": (_tiny, 2, 2),
-}
-
-# variant prefix -> defaults for the plugin's own flags
-ARCH_VARIANTS = {
-    # the paper's system: RealFormer (running mean, all three chains) + ADMIN
-    "realformer": {"residual_attention": "all", "init_type": "admin"},
-    # baselines at the same sizes
-    "admin_transformer": {"residual_attention": "none", "init_type": "admin"},
-    "postln_transformer": {"residual_attention": "none", "init_type": "default"},
-    "preln_transformer": {
-        "residual_attention": "none",
-        "init_type": "default",
-        "encoder_normalize_before": True,
-        "decoder_normalize_before": True,
-    },
-}
-
-
-def _make_architecture(variant_defaults: Dict[str, Any], size_fn, enc_layers: int, dec_layers: int):
-    def architecture(args):
-        for key, value in variant_defaults.items():
-            setattr(args, key, utils.safe_getattr(args, key, value))
-        args.encoder_layers = utils.safe_getattr(args, "encoder_layers", enc_layers)
-        args.decoder_layers = utils.safe_getattr(args, "decoder_layers", dec_layers)
-        size_fn(args)
-        realformer_base_architecture(args)
-
-    return architecture
-
-
-ARCHITECTURES = {}
-for _variant, _defaults in ARCH_VARIANTS.items():
-    for _size, (_size_fn, _enc, _dec) in ARCH_SIZES.items():
-        _name = f"{_variant}_{_size}"
-        ARCHITECTURES[_name] = register_model_architecture("realformer_transformer", _name)(
-            _make_architecture(_defaults, _size_fn, _enc, _dec)
-        )
+ARCHITECTURES = register_family_architectures("realformer_transformer")

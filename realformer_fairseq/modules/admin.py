@@ -79,7 +79,7 @@ class AdminResidual(nn.Module):
     ``residual_connection``.
     """
 
-    def __init__(self, embed_dim: int, admin: bool, chain: str = "encoder"):
+    def __init__(self, embed_dim: int, admin: bool, chain: str):
         super().__init__()
         self.admin = admin
         self.chain = chain
@@ -171,17 +171,20 @@ class AdminProfilingMixin:
     admin_init_type: str = "default"
     admin_profile_out: Optional[str] = None
 
-    def register_admin_state(self, args, num_residual_layers: Dict[str, int]):
-        """Read ``--init-type``/``--admin-profile-out`` and add the
-        ``admin_profiled`` buffer; with ``admin-closed-form``, set omega now from
-        ``num_residual_layers`` per chain (e.g. ``{"encoder": 2 * L}``)."""
-        from fairseq import utils
-
-        init_type = utils.safe_getattr(args, "init_type", "default")
+    def register_admin_state(
+        self,
+        init_type: str,
+        admin_profile_out: Optional[str],
+        num_residual_layers: Dict[str, int],
+    ):
+        """Keep ``--init-type``/``--admin-profile-out`` (explicit values, from the
+        model's settings) and add the ``admin_profiled`` buffer; with
+        ``admin-closed-form``, set omega now from ``num_residual_layers`` per chain
+        (e.g. ``{"encoder": 2 * L}``)."""
         if init_type not in INIT_TYPES:
             raise ValueError(f"--init-type must be one of {INIT_TYPES}, got {init_type!r}")
         self.admin_init_type = init_type
-        self.admin_profile_out = utils.safe_getattr(args, "admin_profile_out", None)
+        self.admin_profile_out = admin_profile_out
         self.register_buffer("admin_profiled", torch.zeros((), dtype=torch.uint8))
         if init_type == "admin-closed-form":
             set_closed_form_omega(self, num_residual_layers)

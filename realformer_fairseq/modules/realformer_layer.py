@@ -17,39 +17,9 @@ from fairseq.modules import TransformerDecoderLayer, TransformerEncoderLayer
 from torch import Tensor
 
 from ..errors import RealformerConfigError
+from ..settings import RESIDUAL_CHAINS, parse_residual_chains  # noqa: F401 (re-exported)
 from .admin import AdminResidual
 from .residual_attention import RealformerMultiheadAttention
-
-ResidualOptions = Dict[str, object]
-RESIDUAL_CHAINS = ("encoder", "decoder", "cross")
-
-
-def parse_residual_chains(value: Optional[str]) -> set:
-    """``--residual-attention`` value: ``all``, ``none`` or a comma list of
-    ``encoder`` (encoder self-attention), ``decoder`` (decoder self-attention)
-    and ``cross`` (decoder encoder-attention)."""
-    if value is None or value == "none" or value == "":
-        return set()
-    if value == "all":
-        return set(RESIDUAL_CHAINS)
-    chains = {c.strip() for c in value.split(",") if c.strip()}
-    unknown = chains - set(RESIDUAL_CHAINS)
-    if unknown:
-        raise RealformerConfigError(
-            f"--residual-attention: unknown chain(s) {sorted(unknown)}; use 'all', "
-            f"'none' or a comma list of {', '.join(RESIDUAL_CHAINS)}"
-        )
-    return chains
-
-
-def realformer_layer_options(args) -> ResidualOptions:
-    """The per-layer switches, read from the (legacy, flat) model args."""
-    chains = parse_residual_chains(utils.safe_getattr(args, "residual_attention", "none"))
-    return {
-        "chains": chains,
-        "mode": utils.safe_getattr(args, "residual_attention_mode", None) or "sum",
-        "admin": utils.safe_getattr(args, "init_type", "default") in ("admin", "admin-closed-form"),
-    }
 
 
 class RealformerSublayers:
@@ -60,7 +30,7 @@ class RealformerSublayers:
         return RealformerMultiheadAttention(
             embed_dim,
             num_heads,
-            residual_attention_mode=self.realformer_options["mode"],
+            residual_attention_mode=self.residual_attention_mode,
             dropout=cfg.attention_dropout,
             q_noise=self.quant_noise,
             qn_block_size=self.quant_noise_block_size,
@@ -120,16 +90,25 @@ class RealformerEncoderLayer(RealformerSublayers, TransformerEncoderLayer):
     """Encoder layer with a residual self-attention chain (``"encoder"``) and
     ADMIN residuals, built on fairseq's :class:`TransformerEncoderLayer`."""
 
-    def __init__(self, args):
+    def __init__(
+        self,
+        args,
+        *,
+        residual_self_attention: bool,
+        residual_attention_mode: Optional[str],
+        admin: bool,
+    ):
+        """``args``: fairseq's layer config; the plugin's switches are explicit
+        (the encoder passes them from its :class:`RealformerSettings`)."""
         # read by build_self_attention, which fairseq's __init__ calls
-        self.realformer_options = realformer_layer_options(args)
+        self.residual_self_attention = residual_self_attention
+        self.residual_attention_mode = residual_attention_mode
         super().__init__(args)
-        admin = self.realformer_options["admin"]
         self.self_attn_residual = AdminResidual(self.embed_dim, admin, chain="encoder")
         self.ffn_residual = AdminResidual(self.embed_dim, admin, chain="encoder")
 
     def build_self_attention(self, embed_dim, args):
-        if "encoder" not in self.realformer_options["chains"]:
+        if not self.residual_self_attention:
             return super().build_self_attention(embed_dim, args)
         cfg = TransformerConfig.from_namespace(args)
         return self.build_residual_attention(
@@ -176,8 +155,23 @@ class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
     """Decoder layer with residual self-attention (``"decoder"``) and
     cross-attention (``"cross"``) chains and ADMIN residuals."""
 
-    def __init__(self, args, no_encoder_attn=False, add_bias_kv=False, add_zero_attn=False):
-        self.realformer_options = realformer_layer_options(args)
+    def __init__(
+        self,
+        args,
+        no_encoder_attn=False,
+        add_bias_kv=False,
+        add_zero_attn=False,
+        *,
+        residual_self_attention: bool,
+        residual_cross_attention: bool,
+        residual_attention_mode: Optional[str],
+        admin: bool,
+    ):
+        """``args`` and the first three: as fairseq's layer; the plugin's switches
+        are explicit (the decoder passes them from its :class:`RealformerSettings`)."""
+        self.residual_self_attention = residual_self_attention
+        self.residual_cross_attention = residual_cross_attention
+        self.residual_attention_mode = residual_attention_mode
         for flag in (
             "cross_self_attention",
             "scale_attn",
@@ -195,7 +189,6 @@ class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
         )
-        admin = self.realformer_options["admin"]
         self.self_attn_residual = AdminResidual(self.embed_dim, admin, chain="decoder")
         self.encoder_attn_residual = (
             AdminResidual(self.embed_dim, admin, chain="decoder")
@@ -205,7 +198,7 @@ class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
         self.ffn_residual = AdminResidual(self.embed_dim, admin, chain="decoder")
 
     def build_self_attention(self, embed_dim, args, add_bias_kv=False, add_zero_attn=False):
-        if "decoder" not in self.realformer_options["chains"]:
+        if not self.residual_self_attention:
             return super().build_self_attention(embed_dim, args, add_bias_kv, add_zero_attn)
         cfg = TransformerConfig.from_namespace(args)
         return self.build_residual_attention(
@@ -218,7 +211,7 @@ class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
         )
 
     def build_encoder_attention(self, embed_dim, args):
-        if "cross" not in self.realformer_options["chains"]:
+        if not self.residual_cross_attention:
             return super().build_encoder_attention(embed_dim, args)
         cfg = TransformerConfig.from_namespace(args)
         return self.build_residual_attention(

@@ -52,7 +52,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
         self,
         embed_dim,
         num_heads,
-        residual_attention_mode: str = "sum",
+        residual_attention_mode: str,
         **kwargs,
     ):
         for unsupported in ("add_bias_kv", "add_zero_attn", "xformers_att_config"):

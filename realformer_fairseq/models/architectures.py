@@ -1,0 +1,236 @@
+"""Every architecture the plugin registers, in one table.
+
+RealFormer (He, Ravula, Kanagal, Ainslie 2020, arXiv 2012.11747) on ADMIN-initialised
+transformers (Liu et al. 2020, arXiv 2004.08249 / 2008.07772). The sizes are the paper's:
+its NMT width (512/2048, 8 heads) at 6L-6L, 18L-18L and the 60L-12L of its WMT'14 En-Fr
+result, and its BERT sizes (Table 1); ``tiny`` ones are for tests on CPU.
+
+A *family* is one registered fairseq model with:
+
+- ``base``: the defaults of the architecture named after the model (e.g. ``--arch
+  realformer_transformer``): the plugin's flags, then fairseq's own base architecture
+  function (``fairseq_base``) for everything else;
+- ``sizes``: layer counts and widths (plus norm placement, embedding sharing, dropout
+  where a size fixes them);
+- ``variants``: the plugin's flags and norm placement per variant.
+
+Each ``{variant}_{size}`` is registered as an architecture whose defaults are, by
+precedence: the command line / config, the variant, the size, the family's base, fairseq's
+base. ``residual_attention_mode`` in ``base`` is the default only where some chain is
+residual. A value ``SameAs("key")`` takes the (already resolved) value of another key.
+
+To add a family (e.g. a decoder-only LM, ``realformer_lm_*``), add an entry to
+``FAMILIES`` and call ``register_family_architectures("<model name>")`` in the model's
+module after its ``@register_model`` class; nothing else changes.
+"""
+
+import dataclasses
+from typing import Any, Callable, Dict
+
+from fairseq import utils
+from fairseq.models import register_model_architecture
+from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
+from fairseq.models.transformer import base_architecture as transformer_base_architecture
+
+
+@dataclasses.dataclass(frozen=True)
+class SameAs:
+    """A default that copies another key's resolved value (e.g. the decoder's width
+    follows ``--encoder-embed-dim``)."""
+
+    key: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Family:
+    base: Dict[str, Any]
+    fairseq_base: Callable
+    sizes: Dict[str, Dict[str, Any]]
+    variants: Dict[str, Dict[str, Any]]
+
+
+# The paper's NMT width (Post-LN, shared embeddings, dropout 0.1); decoder as encoder.
+_NMT_WIDTH = {
+    "encoder_embed_dim": 512,
+    "encoder_ffn_embed_dim": 2048,
+    "encoder_attention_heads": 8,
+    "decoder_embed_dim": SameAs("encoder_embed_dim"),
+    "decoder_ffn_embed_dim": SameAs("encoder_ffn_embed_dim"),
+    "decoder_attention_heads": 8,
+    "encoder_normalize_before": False,
+    "decoder_normalize_before": False,
+    "share_all_embeddings": True,
+    "dropout": 0.1,
+}
+
+FAMILIES: Dict[str, Family] = {
+    # encoder-decoder translation (model: realformer_transformer)
+    "realformer_transformer": Family(
+        base={
+            "residual_attention": "all",
+            "residual_attention_mode": "mean",  # the paper's NMT setting
+            "init_type": "admin",
+            "admin_profile_out": None,
+            "admin_allow_pre_ln": False,
+        },
+        fairseq_base=transformer_base_architecture,
+        sizes={
+            "wmt_en_fr": {**_NMT_WIDTH, "encoder_layers": 6, "decoder_layers": 6},
+            "wmt_en_fr_18_18": {**_NMT_WIDTH, "encoder_layers": 18, "decoder_layers": 18},
+            "wmt_en_fr_60_12": {**_NMT_WIDTH, "encoder_layers": 60, "decoder_layers": 12},
+            "tiny": {
+                "encoder_embed_dim": 64,
+                "encoder_ffn_embed_dim": 128,
+                "encoder_attention_heads": 2,
+                "decoder_embed_dim": SameAs("encoder_embed_dim"),
+                "decoder_ffn_embed_dim": SameAs("encoder_ffn_embed_dim"),
+                "decoder_attention_heads": 2,
+                "encoder_layers": 2,
+                "decoder_layers": 2,
+            },
+        },
+        variants={
+            # the paper's system: RealFormer (running mean, all three chains) + ADMIN
+            "realformer": {"residual_attention": "all", "init_type": "admin"},
+            # baselines at the same sizes
+            "admin_transformer": {"residual_attention": "none", "init_type": "admin"},
+            "postln_transformer": {"residual_attention": "none", "init_type": "default"},
+            "preln_transformer": {
+                "residual_attention": "none",
+                "init_type": "default",
+                "encoder_normalize_before": True,
+                "decoder_normalize_before": True,
+            },
+        },
+    ),
+    # encoder-only masked LM / sentence prediction (model: realformer_roberta)
+    "realformer_roberta": Family(
+        base={
+            "residual_attention": "encoder",
+            "residual_attention_mode": "sum",  # the paper's BERT setting
+            "init_type": "default",  # fairseq's BERT init
+            "admin_profile_out": None,
+            "admin_allow_pre_ln": False,
+        },
+        fairseq_base=roberta_base_architecture,
+        sizes={
+            name: {
+                "encoder_layers": layers,
+                "encoder_embed_dim": width,
+                "encoder_attention_heads": heads,
+                "encoder_ffn_embed_dim": ffn,
+            }
+            for name, (layers, width, heads, ffn) in {
+                "tiny": (2, 64, 2, 128),
+                "small": (4, 512, 8, 2048),
+                "base": (12, 768, 12, 3072),
+                "large": (24, 1024, 16, 4096),
+                "xlarge": (36, 1536, 24, 6144),
+            }.items()
+        },
+        variants={
+            # the paper's system: Post-LN BERT + residual attention (running sum)
+            "realformer_bert": {"residual_attention": "encoder", "encoder_normalize_before": False},
+            "postln_bert": {"residual_attention": "none", "encoder_normalize_before": False},
+            # as fairseq's roberta_prenorm: no embedding LayerNorm, final LayerNorm
+            "preln_bert": {
+                "residual_attention": "none",
+                "encoder_normalize_before": True,
+                "layernorm_embedding": False,
+            },
+        },
+    ),
+}
+
+PLUGIN_FLAGS = (
+    "residual_attention",
+    "residual_attention_mode",
+    "init_type",
+    "admin_profile_out",
+    "admin_allow_pre_ln",
+)
+
+
+def set_defaults(args, defaults: Dict[str, Any]):
+    """Set each key that ``args`` (Namespace or DictConfig) does not have or has as None."""
+    for key, value in defaults.items():
+        if key == "residual_attention_mode":
+            continue  # see realformer_flag_defaults
+        if utils.safe_getattr(args, key, None) is None:
+            if isinstance(value, SameAs):
+                value = utils.safe_getattr(args, value.key, None)
+            setattr(args, key, value)
+
+
+def realformer_flag_defaults(args, residual_attention: str, mode: str, init_type: str):
+    """Defaults of the plugin's own flags; ``mode`` only where some chain is on.
+
+    ``residual_attention`` is not parsed here: fairseq calls arch functions while
+    parsing the command line, outside build_model's one-line errors;
+    ``read_realformer_settings`` checks the value."""
+    set_defaults(
+        args,
+        {
+            "residual_attention": residual_attention,
+            "init_type": init_type,
+            "admin_profile_out": None,
+            "admin_allow_pre_ln": False,
+        },
+    )
+    if args.residual_attention not in (None, "", "none"):
+        args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", mode)
+    else:
+        args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", None)
+
+
+def family_base_architecture(family_name: str) -> Callable:
+    """The arch function named after the model: the family's plugin-flag defaults,
+    then fairseq's base architecture."""
+    family = FAMILIES[family_name]
+
+    def architecture(args):
+        realformer_flag_defaults(
+            args,
+            residual_attention=family.base["residual_attention"],
+            mode=family.base["residual_attention_mode"],
+            init_type=family.base["init_type"],
+        )
+        set_defaults(args, {k: v for k, v in family.base.items() if k not in PLUGIN_FLAGS})
+        family.fairseq_base(args)
+
+    architecture.__name__ = f"{family_name}_base_architecture"
+    return architecture
+
+
+def make_architecture(family_name: str, variant: str, size: str) -> Callable:
+    """The arch function of ``{variant}_{size}``: variant, then size, then the base."""
+    family = FAMILIES[family_name]
+    base = family_base_architecture(family_name)
+
+    def architecture(args):
+        set_defaults(args, family.variants[variant])
+        set_defaults(args, family.sizes[size])
+        base(args)
+
+    architecture.__name__ = f"{variant}_{size}_architecture"
+    return architecture
+
+
+def architecture_names(family_name: str):
+    family = FAMILIES[family_name]
+    return [f"{variant}_{size}" for variant in family.variants for size in family.sizes]
+
+
+def register_family_architectures(family_name: str) -> Dict[str, Callable]:
+    """Register ``{variant}_{size}`` for every entry of the family (the model
+    ``family_name`` must be registered already); returns name -> arch function. The
+    base architecture (named after the model) is registered by the model's module."""
+    registered = {}
+    family = FAMILIES[family_name]
+    for variant in family.variants:
+        for size in family.sizes:
+            name = f"{variant}_{size}"
+            registered[name] = register_model_architecture(family_name, name)(
+                make_architecture(family_name, variant, size)
+            )
+    return registered

@@ -1,0 +1,135 @@
+"""The registered architectures: names, sizes and defaults (issue 13's table).
+
+Sizes are RealFormer's (He et al. 2020, arXiv 2012.11747): NMT width 512/2048/8 heads
+at 6L-6L, 18L-18L, 60L-12L, and its BERT Table 1 sizes. Expected values are written
+here; the arch functions must give the same on an argparse Namespace and a DictConfig.
+"""
+
+import argparse
+
+import pytest
+from omegaconf import OmegaConf, open_dict
+
+import realformer_fairseq  # noqa: F401 (registers the architectures)
+
+# size -> (encoder layers, decoder layers, width, ffn, heads, share_all_embeddings)
+NMT_SIZES = {
+    "wmt_en_fr": (6, 6, 512, 2048, 8, True),
+    "wmt_en_fr_18_18": (18, 18, 512, 2048, 8, True),
+    "wmt_en_fr_60_12": (60, 12, 512, 2048, 8, True),
+    "tiny": (2, 2, 64, 128, 2, False),
+}
+# variant -> (residual_attention, residual_attention_mode, init_type, normalize_before)
+NMT_VARIANTS = {
+    "realformer": ("all", "mean", "admin", False),
+    "admin_transformer": ("none", None, "admin", False),
+    "postln_transformer": ("none", None, "default", False),
+    "preln_transformer": ("none", None, "default", True),
+}
+# size -> (layers, width, heads, ffn)
+BERT_SIZES = {
+    "tiny": (2, 64, 2, 128),
+    "small": (4, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+    "xlarge": (36, 1536, 24, 6144),
+}
+# variant -> (residual_attention, residual_attention_mode, normalize_before, layernorm_embedding)
+BERT_VARIANTS = {
+    "realformer_bert": ("encoder", "sum", False, True),
+    "postln_bert": ("none", None, False, True),
+    "preln_bert": ("none", None, True, False),
+}
+
+
+def expected_nmt(variant, size):
+    enc, dec, width, ffn, heads, share = NMT_SIZES[size]
+    residual, mode, init, pre_ln = NMT_VARIANTS[variant]
+    return {
+        "encoder_layers": enc, "decoder_layers": dec, "encoder_embed_dim": width,
+        "decoder_embed_dim": width, "encoder_ffn_embed_dim": ffn, "decoder_ffn_embed_dim": ffn,
+        "encoder_attention_heads": heads, "decoder_attention_heads": heads,
+        "share_all_embeddings": share, "dropout": 0.1, "encoder_normalize_before": pre_ln,
+        "decoder_normalize_before": pre_ln, "residual_attention": residual,
+        "residual_attention_mode": mode, "init_type": init, "admin_allow_pre_ln": False,
+        "admin_profile_out": None,
+    }  # fmt: skip
+
+
+def expected_bert(variant, size):
+    layers, width, heads, ffn = BERT_SIZES[size]
+    residual, mode, pre_ln, ln_embedding = BERT_VARIANTS[variant]
+    return {
+        "encoder_layers": layers, "encoder_embed_dim": width, "encoder_attention_heads": heads,
+        "encoder_ffn_embed_dim": ffn, "encoder_normalize_before": pre_ln,
+        "layernorm_embedding": ln_embedding, "dropout": 0.1, "residual_attention": residual,
+        "residual_attention_mode": mode, "init_type": "default", "admin_allow_pre_ln": False,
+        "admin_profile_out": None,
+    }  # fmt: skip
+
+
+EXPECTED = {
+    "realformer_transformer": {
+        **expected_nmt("realformer", "wmt_en_fr"),
+        "share_all_embeddings": False,
+    },
+    "realformer_roberta": {**expected_bert("realformer_bert", "base")},
+}
+for _variant in NMT_VARIANTS:
+    for _size in NMT_SIZES:
+        EXPECTED[f"{_variant}_{_size}"] = expected_nmt(_variant, _size)
+for _variant in BERT_VARIANTS:
+    for _size in BERT_SIZES:
+        EXPECTED[f"{_variant}_{_size}"] = expected_bert(_variant, _size)
+
+
+def resolve(name, config_type, **given):
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    if config_type == "Namespace":
+        args = argparse.Namespace(**given)
+        ARCH_CONFIG_REGISTRY[name](args)
+        return vars(args)
+    cfg = OmegaConf.create({"_name": name, **given})
+    with open_dict(cfg):  # as fairseq's models.build_model applies an arch
+        ARCH_CONFIG_REGISTRY[name](cfg)
+    return OmegaConf.to_container(cfg)
+
+
+def test_every_architecture_name_is_registered_and_no_other():
+    from fairseq.models import ARCH_MODEL_NAME_REGISTRY
+
+    ours = {
+        name
+        for name, model in ARCH_MODEL_NAME_REGISTRY.items()
+        if model in ("realformer_transformer", "realformer_roberta")
+    }
+    assert ours == set(EXPECTED)
+    assert len(ours) == 1 + 4 * 4 + 1 + 3 * 5
+
+
+@pytest.mark.parametrize("config_type", ["Namespace", "DictConfig"])
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_architecture_defaults(name, config_type):
+    resolved = resolve(name, config_type)
+    assert {key: resolved.get(key) for key in EXPECTED[name]} == EXPECTED[name]
+
+
+@pytest.mark.parametrize("config_type", ["Namespace", "DictConfig"])
+def test_given_values_win_and_the_decoder_width_follows_the_encoder(config_type):
+    resolved = resolve(
+        "realformer_tiny",
+        config_type,
+        encoder_embed_dim=256,
+        init_type="default",
+        residual_attention="encoder",
+    )
+    assert resolved["encoder_embed_dim"] == 256
+    assert resolved["decoder_embed_dim"] == 256
+    assert resolved["encoder_ffn_embed_dim"] == 128
+    assert resolved["init_type"] == "default"
+    assert resolved["residual_attention"] == "encoder"
+    assert resolved["residual_attention_mode"] == "mean"
+    assert resolve("preln_bert_tiny", config_type, residual_attention="encoder")[
+        "residual_attention_mode"
+    ] == ("sum")
