@@ -225,21 +225,43 @@ def test_activation_checkpointing_recomputes_layers_as_in_fairseq(dict_dir, flag
 
 
 @pytest.mark.parametrize(
-    "flags", [[], ["--encoder-layerdrop", "0.5", "--decoder-layerdrop", "0.5"]]
+    "ours_flags, fairseq_flags, task, layerdrop",
+    [
+        (OURS_OFF, FAIRSEQ, "translation", []),
+        (
+            OURS_OFF,
+            FAIRSEQ,
+            "translation",
+            ["--encoder-layerdrop", "0.5", "--decoder-layerdrop", "0.5"],
+        ),
+        (
+            OURS_ON,
+            FAIRSEQ,
+            "translation",
+            ["--encoder-layerdrop", "0.5", "--decoder-layerdrop", "0.5"],
+        ),
+        (OURS_ROBERTA_ON, FAIRSEQ_ROBERTA, "masked_lm", ["--encoder-layerdrop", "0.5"]),
+    ],
+    ids=["translation", "translation-layerdrop", "residual-on-layerdrop", "roberta-layerdrop"],
 )
-def test_same_seed_gives_fairseq_initial_weights(dict_dir, flags):
-    """Building the model draws the same random numbers as fairseq's (LayerDrop
-    included: iterating its layer list at build time would draw more)."""
+def test_same_seed_gives_fairseq_initial_weights(
+    dict_dir, ours_flags, fairseq_flags, task, layerdrop
+):
+    """Building the model draws the same random numbers as fairseq's, LayerDrop
+    included: iterating its layer list after the build (to check the chains)
+    would draw more, and see only some of the layers."""
     torch.manual_seed(5)
-    ours, _ = build(dict_dir, *OURS_OFF, *flags)
+    ours, _ = build(dict_dir, *ours_flags, *layerdrop, task=task)
+    ours_rng = torch.random.get_rng_state()
     torch.manual_seed(5)
-    vanilla, _ = build(dict_dir, *FAIRSEQ, *flags)
-    theirs = vanilla.state_dict()
-    assert ours.encoder.layers.__class__.__name__ == (
-        "LayerDropModuleList" if flags else "ModuleList"
-    )
-    different = [k for k, v in theirs.items() if not torch.equal(v, ours.state_dict()[k])]
-    assert different == []
+    vanilla, _ = build(dict_dir, *fairseq_flags, *layerdrop, task=task)
+    assert torch.equal(ours_rng, torch.random.get_rng_state())
+    layers = ours.encoder.sentence_encoder.layers if task == "masked_lm" else ours.encoder.layers
+    assert type(layers).__name__ == ("LayerDropModuleList" if layerdrop else "ModuleList")
+    if ours_flags is OURS_OFF:
+        theirs = vanilla.state_dict()
+        different = [k for k, v in theirs.items() if not torch.equal(v, ours.state_dict()[k])]
+        assert different == []
 
 
 def test_tie_adaptive_weights_drops_the_output_dim_projection_as_in_fairseq(dict_dir):

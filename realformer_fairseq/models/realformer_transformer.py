@@ -31,6 +31,7 @@ from ..modules.realformer_layer import (
     RealformerDecoderLayer,
     RealformerEncoderLayer,
     check_chain_heads,
+    every_layer,
     parse_residual_chains,
 )
 from ..modules.residual_attention import RESIDUAL_ATTENTION_MODES
@@ -384,9 +385,9 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
         check_layers_match_settings(
             settings,
             {
-                "encoder": [layer.self_attn for layer in model.encoder.layers],
-                "decoder": [layer.self_attn for layer in model.decoder.layers],
-                "cross": [layer.encoder_attn for layer in model.decoder.layers],
+                "encoder": [layer.self_attn for layer in every_layer(model.encoder.layers)],
+                "decoder": [layer.self_attn for layer in every_layer(model.decoder.layers)],
+                "cross": [layer.encoder_attn for layer in every_layer(model.decoder.layers)],
             },
             model,
             model_name=f"--arch {cfg.arch}",
