@@ -29,6 +29,7 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 
 from ..errors import exit_on_config_error
 from ..modules.admin import AdminProfilingMixin
+from ..modules.realformer_layer import every_layer
 from ..settings import RealformerSettings, check_layers_match_settings, read_realformer_settings
 from .architectures import family_base_architecture, register_family_architectures
 from .checkpoint_guard import ArchCheckedLoadMixin
@@ -112,7 +113,7 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
         layers = encoder.sentence_encoder.layers
         check_layers_match_settings(
             settings,
-            {"encoder": [layer.self_attn for layer in layers]},
+            {"encoder": [layer.self_attn for layer in every_layer(layers)]},
             model,
             model_name=f"--arch {utils.safe_getattr(args, 'arch', None) or args._name}",
         )

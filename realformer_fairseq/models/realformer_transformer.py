@@ -32,6 +32,7 @@ from ..modules.realformer_layer import (
     RealformerDecoderLayer,
     RealformerEncoderLayer,
     check_chain_heads,
+    every_layer,
     parse_residual_chains,
 )
 from ..modules.residual_attention import RESIDUAL_ATTENTION_MODES
@@ -47,6 +48,7 @@ from .architectures import (  # noqa: F401 (realformer_flag_defaults: re-exporte
     register_family_architectures,
 )
 from .checkpoint_guard import ArchCheckedLoadMixin
+from .supported_flags import refuse_unsupported_flags
 
 logger = logging.getLogger(__name__)
 
@@ -334,6 +336,7 @@ def validate_realformer_args(args, chains_used=("encoder", "decoder", "cross")):
         )
     if utils.safe_getattr(args, "admin_profile_out", None) and init_type != "admin":
         raise RealformerConfigError("--admin-profile-out needs --init-type admin")
+    refuse_unsupported_flags(args, chains_used)
 
 
 @register_model("realformer_transformer")
@@ -377,9 +380,9 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
         check_layers_match_settings(
             settings,
             {
-                "encoder": [layer.self_attn for layer in model.encoder.layers],
-                "decoder": [layer.self_attn for layer in model.decoder.layers],
-                "cross": [layer.encoder_attn for layer in model.decoder.layers],
+                "encoder": [layer.self_attn for layer in every_layer(model.encoder.layers)],
+                "decoder": [layer.self_attn for layer in every_layer(model.decoder.layers)],
+                "cross": [layer.encoder_attn for layer in every_layer(model.decoder.layers)],
             },
             model,
             model_name=f"--arch {cfg.arch}",

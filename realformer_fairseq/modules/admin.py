@@ -30,6 +30,7 @@ from typing import Dict, Iterator, List, Optional
 
 import torch
 import torch.distributed as dist
+from fairseq.modules import LayerDropModuleList
 from torch import Tensor, nn
 
 logger = logging.getLogger(__name__)
@@ -114,18 +115,29 @@ def admin_residuals(model: nn.Module) -> Iterator[AdminResidual]:
 
 @contextlib.contextmanager
 def admin_profiling(model: nn.Module) -> Iterator[AdminProfiler]:
-    """Within the block, forwards of ``model`` profile ADMIN's omega in place."""
+    """Within the block, forwards of ``model`` profile ADMIN's omega in place.
+
+    LayerDrop (``--encoder-layerdrop``/``--decoder-layerdrop``) is paused: every
+    sublayer gets its omega from the one profiling pass, in the order of the full
+    stack, as without LayerDrop."""
     profiler = AdminProfiler()
     residuals = []
     for name, module in model.named_modules():
         if isinstance(module, AdminResidual) and module.admin:
             module.profiler, module.profile_name = profiler, name
             residuals.append(module)
+    # LayerDropModuleList drops layers only while its own ``training`` is set; its
+    # layers stay in training mode (dropout on, as the profiling pass wants)
+    layer_lists = [m for m in model.modules() if isinstance(m, LayerDropModuleList) and m.training]
+    for layer_list in layer_lists:
+        layer_list.training = False
     try:
         yield profiler
     finally:
         for module in residuals:
             module.profiler = None
+        for layer_list in layer_lists:
+            layer_list.training = True
 
 
 def set_closed_form_omega(model: nn.Module, num_residual_layers: Dict[str, int]):

@@ -284,8 +284,16 @@ class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
         return self.ffn_sublayer(x), attn, self_attn_scores, cross_attn_scores
 
 
+def every_layer(layers: torch.nn.ModuleList) -> List[torch.nn.Module]:
+    """All layers of a layer list, by index. Iterating fairseq's LayerDropModuleList
+    (``--*-layerdrop``) in training mode, as a freshly built model is, would skip
+    some layers at random and draw random numbers that fairseq's own build does not."""
+    return [layers[i] for i in range(len(layers))]
+
+
 def check_chain_heads(layers: List[torch.nn.Module], attr: str, chain: str):
     """All layers of one residual chain must have the same number of heads."""
+    layers = every_layer(layers)
     heads = [
         getattr(layer, attr).num_heads for layer in layers if getattr(layer, attr, None) is not None
     ]
