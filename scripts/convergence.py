@@ -7,13 +7,13 @@ Liu et al., "Understanding the Difficulty of Training Transformers" (arXiv 2004.
 Every variant is trained by a real ``fairseq-train --user-dir realformer_fairseq``
 subprocess at the same size, for the same number of updates, with several seeds;
 the script records the validation loss curve of each run and the test BLEU
-(``fairseq-generate`` beam search, Moses-detokenised, scored with SacreBLEU against
-the lower-cased raw references), then writes a JSON file, a Markdown table and a
-PNG plot of the curves (mean and min/max band over seeds).
+(``examples/wmt14_en_fr/evaluate.sh``: beam search, Moses-detokenised, SacreBLEU against
+the lower-cased raw references), then writes a JSON file, a Markdown table and a PNG
+plot of the curves (``convergence_report.py``).
 
 Data: ``../shared/data/enfr/multi30k`` (train 29k, val 1014, test_2016_flickr 1000),
-lower-cased, Moses-tokenised (sacremoses) and segmented with a joint BPE learnt by
-subword-nmt; prepared once under ``--work-dir`` and reused.
+prepared by ``scripts/prepare_multi30k.sh`` (lower-cased, Moses-tokenised, joint BPE)
+once under ``--work-dir`` and reused.
 
 usage:
     python scripts/convergence.py                # the full study (~45 min on 2 shared cores)
@@ -24,19 +24,20 @@ usage:
 import argparse
 import json
 import logging
-import math
 import os
 import re
-import shutil
-import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
+
+from convergence_report import markdown_table, plot_curves, summarise
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+PREPARE_MULTI30K = REPO_ROOT / "scripts" / "prepare_multi30k.sh"
+EVALUATE = REPO_ROOT / "examples" / "wmt14_en_fr" / "evaluate.sh"
 DEFAULT_DATA = Path(
     os.environ.get("REALFORMER_SHARED_DATA", REPO_ROOT.parent / "shared" / "data" / "enfr")
 )
@@ -57,7 +58,6 @@ VARIANTS = {
     "ADMIN": "admin_transformer",
     "RealFormer+ADMIN": "realformer",
 }
-SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 
 
 class StudyError(RuntimeError):
@@ -77,7 +77,7 @@ def user_dir() -> str:
 
 def run(cmd: Sequence, log_file: Path, threads: int = 1) -> str:
     """Run a command with its output in ``log_file``; raise StudyError on failure."""
-    env = dict(os.environ)
+    env = dict(os.environ, PYTHON=sys.executable)
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     tmp = log_file.with_suffix(log_file.suffix + ".tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
@@ -104,82 +104,15 @@ def write_atomic(path: Path, text: str):
 # stage 1: data
 
 
-def read_lines(path: Path, limit: Optional[int]) -> List[str]:
-    if not path.exists():
-        raise StudyError(f"data file missing: {path} (see ../shared/data/enfr/README.md)")
-    with open(path, encoding="utf-8") as fh:
-        lines = [line.rstrip("\n") for line in fh]
-    if not lines:
-        raise StudyError(f"data file is empty: {path}")
-    return lines[:limit] if limit else lines
-
-
 def prepare_data(data_root: Path, work: Path, bpe_merges: int, limits: Dict[str, int]) -> Path:
-    """Lower-case + Moses-tokenise + joint BPE + fairseq-preprocess; cached in ``work``."""
-    from sacremoses import MosesTokenizer
-    from subword_nmt.apply_bpe import BPE
-    from subword_nmt.learn_bpe import learn_bpe
-
+    """scripts/prepare_multi30k.sh into ``work/data-bin``; its stages are skipped on a re-run
+    with the same settings and redone when they change."""
     data_bin = work / "data-bin"
-    stamp = json.dumps({"data": str(data_root), "bpe_merges": bpe_merges, "limits": limits})
-    stamp_file = work / "data-bin.settings.json"
-    if (data_bin / "test.en-fr.fr.bin").exists() and stamp_file.exists():
-        if stamp_file.read_text(encoding="utf-8") == stamp:
-            logger.info("reusing preprocessed data in %s", data_bin)
-            return data_bin
-        raise StudyError(
-            f"{data_bin} was prepared with other settings ({stamp_file}); "
-            "use another --work-dir or delete it"
-        )
-    m30k = data_root / "multi30k"
-    tok_dir = work / "tok"
-    tok_dir.mkdir(parents=True, exist_ok=True)
-    for lang in ("en", "fr"):
-        mt = MosesTokenizer(lang=lang)
-        for split, name in SPLITS.items():
-            lines = read_lines(m30k / f"{name}.{lang}", limits.get(split))
-            tok = [mt.tokenize(line.lower(), escape=False, return_str=True) for line in lines]
-            write_atomic(tok_dir / f"{split}.{lang}", "\n".join(tok) + "\n")
-            if split == "test":  # raw lower-cased references for SacreBLEU
-                write_atomic(work / f"test.ref.{lang}", "\n".join(x.lower() for x in lines) + "\n")
-    logger.info("learning a joint BPE with %d merges", bpe_merges)
-    joint = (tok_dir / "train.en").read_text(encoding="utf-8") + (tok_dir / "train.fr").read_text(
-        encoding="utf-8"
-    )
-    codes_path = work / "bpe.codes"
-    import io
-
-    codes = io.StringIO()
-    learn_bpe(io.StringIO(joint), codes, bpe_merges)
-    write_atomic(codes_path, codes.getvalue())
-    with open(codes_path, encoding="utf-8") as fh:
-        bpe = BPE(fh)
-    bpe_dir = work / "bpe"
-    bpe_dir.mkdir(exist_ok=True)
-    for split in SPLITS:
-        for lang in ("en", "fr"):
-            lines = (tok_dir / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
-            write_atomic(
-                bpe_dir / f"{split}.{lang}",
-                "\n".join(bpe.process_line(line) for line in lines) + "\n",
-            )
-    tmp_bin = work / "data-bin.tmp"
-    if tmp_bin.exists():
-        shutil.rmtree(tmp_bin)
-    run(
-        [
-            fairseq_command("fairseq-preprocess"),
-            "--source-lang", "en", "--target-lang", "fr",
-            "--trainpref", bpe_dir / "train", "--validpref", bpe_dir / "valid",
-            "--testpref", bpe_dir / "test", "--destdir", tmp_bin,
-            "--joined-dictionary", "--workers", "1",
-        ],
-        work / "preprocess.log",
-    )  # fmt: skip
-    if data_bin.exists():  # incomplete, or from a run without a settings stamp
-        shutil.rmtree(data_bin)
-    os.replace(tmp_bin, data_bin)
-    write_atomic(stamp_file, stamp)
+    cmd = ["bash", PREPARE_MULTI30K, "--work-dir", work / "prep", "--dest", data_bin]
+    cmd += ["--data", data_root, "--bpe-size", bpe_merges, "--workers", "2"]
+    for split, lines in limits.items():
+        cmd += [f"--max-{split}-lines", lines]
+    run(cmd, work / "prepare.log", threads=2)
     return data_bin
 
 
@@ -232,42 +165,23 @@ def parse_valid_curve(train_log: str) -> List[Dict[str, float]]:
     return [dedup[k] for k in sorted(dedup)]
 
 
-def parse_train_wall(train_log: str) -> Optional[float]:
-    matches = re.findall(r"\| train \| (\{.*\})", train_log)
-    if not matches:
-        return None
-    return float(json.loads(matches[-1]).get("train_wall", "nan"))
-
-
 # ---------------------------------------------------------------------------
 # stage 3: generation + SacreBLEU
 
 
-def bleu_of(data_bin: Path, checkpoint: Path, ref_file: Path, log_file: Path, cfg) -> float:
-    import sacrebleu
-    from sacremoses import MosesDetokenizer
-
-    out = run(
+def sacrebleu_on_test_set(data_bin: Path, checkpoint: Path, out_dir: Path, cfg) -> float:
+    """SacreBLEU of beam search on the test set, by the pipeline's evaluate.sh."""
+    results = out_dir / "evaluate.json"
+    run(
         [
-            fairseq_command("fairseq-generate"), data_bin,
-            "--user-dir", user_dir(), "--path", checkpoint, "--gen-subset", "test",
-            "--beam", "5", "--lenpen", "1.0", "--batch-size", str(cfg.gen_batch),
-            "--max-len-a", "1.2", "--max-len-b", "10", "--required-batch-size-multiple", "1",
-            "--remove-bpe", "--num-workers", "0", "--cpu",
+            "bash", EVALUATE, "--data-bin", data_bin, "--checkpoint", checkpoint,
+            "--beam", "5", "--lenpen", "1.0", "--batch-size", str(cfg.gen_batch), "--cpu",
+            "--out-dir", out_dir / "eval", "--results", results,
+            "--", "--max-len-a", "1.2", "--max-len-b", "10", "--num-workers", "0",
         ],
-        log_file,
+        out_dir / "evaluate.log",
     )  # fmt: skip
-    hyps: Dict[int, str] = {}
-    for line in out.splitlines():
-        if line.startswith("H-"):
-            ident, _score, text = (line.split("\t") + ["", ""])[:3]
-            hyps[int(ident[2:])] = text
-    refs = ref_file.read_text(encoding="utf-8").splitlines()
-    if len(hyps) != len(refs):
-        raise StudyError(f"{log_file}: {len(hyps)} hypotheses for {len(refs)} references")
-    detok = MosesDetokenizer(lang="fr")
-    sys_out = [detok.detokenize(hyps[i].split()) for i in range(len(refs))]
-    return float(sacrebleu.corpus_bleu(sys_out, [refs]).score)
+    return float(json.loads(results.read_text(encoding="utf-8"))["sacrebleu"]["score"])
 
 
 def run_one(label: str, seed: int, data_bin: Path, work: Path, cfg) -> Dict:
@@ -285,13 +199,7 @@ def run_one(label: str, seed: int, data_bin: Path, work: Path, cfg) -> Dict:
     if not curve:
         raise StudyError(f"{run_dir / 'train.log'}: no validation lines")
     start = time.time()
-    bleu = bleu_of(
-        data_bin,
-        run_dir / "checkpoint_last.pt",
-        work / "test.ref.fr",
-        run_dir / "generate.log",
-        cfg,
-    )
+    bleu = sacrebleu_on_test_set(data_bin, run_dir / "checkpoint_last.pt", run_dir, cfg)
     result = {
         "variant": label,
         "arch": arch,
@@ -310,80 +218,6 @@ def run_one(label: str, seed: int, data_bin: Path, work: Path, cfg) -> Dict:
         label, seed, result["final_valid_loss"], bleu, train_s,
     )  # fmt: skip
     return result
-
-
-# ---------------------------------------------------------------------------
-# stage 4: report
-
-
-def mean_std(values: Sequence[float]) -> Dict[str, float]:
-    finite = [v for v in values if math.isfinite(v)]
-    return {
-        "mean": statistics.fmean(finite) if finite else float("nan"),
-        "std": statistics.stdev(finite) if len(finite) > 1 else 0.0,
-        "n": len(finite),
-    }
-
-
-def summarise(results: List[Dict]) -> Dict[str, Dict]:
-    summary = {}
-    for label in VARIANTS:
-        runs = [r for r in results if r["variant"] == label]
-        if runs:
-            summary[label] = {
-                "final_valid_loss": mean_std([r["final_valid_loss"] for r in runs]),
-                "test_bleu": mean_std([r["test_bleu"] for r in runs]),
-                "train_seconds": mean_std([r["train_seconds"] for r in runs]),
-            }
-    return summary
-
-
-def markdown_table(summary: Dict[str, Dict], cfg) -> str:
-    size = f"{cfg.layers}L-{cfg.layers}L, width {cfg.width}"
-    rows = [
-        f"| variant ({size}) | valid loss @ {cfg.max_update} upd | test BLEU | train s/run |",
-        "|---|---|---|---|",
-    ]
-    for label, s in summary.items():
-        loss, bleu, secs = s["final_valid_loss"], s["test_bleu"], s["train_seconds"]
-        rows.append(
-            f"| {label} | {loss['mean']:.3f} ± {loss['std']:.3f} | "
-            f"{bleu['mean']:.2f} ± {bleu['std']:.2f} | {secs['mean']:.0f} |"
-        )
-    return "\n".join(rows)
-
-
-def plot_curves(results: List[Dict], png: Path, title: str):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label in VARIANTS:
-        runs = [r for r in results if r["variant"] == label]
-        if not runs:
-            continue
-        updates = sorted(set.intersection(*[{p["update"] for p in r["valid_curve"]} for r in runs]))
-        per_update = [
-            [next(p["loss"] for p in r["valid_curve"] if p["update"] == u) for r in runs]
-            for u in updates
-        ]
-        mean = [statistics.fmean(v) for v in per_update]
-        ax.plot(updates, mean, marker="o", ms=3, label=f"{label} (n={len(runs)})")
-        ax.fill_between(
-            updates, [min(v) for v in per_update], [max(v) for v in per_update], alpha=0.2
-        )
-    ax.set_xlabel("updates")
-    ax.set_ylabel("valid loss (label-smoothed CE, base 2)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    tmp = png.with_name(png.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, png)
 
 
 def parse_args(argv=None):
@@ -433,7 +267,7 @@ def main(argv=None):
         results = list(
             pool.map(lambda job: run_one(job[0], job[1], data_bin, args.work_dir, args), jobs)
         )
-    summary = summarise(results)
+    summary = summarise(results, list(VARIANTS))
     table = markdown_table(summary, args)
     config = {
         k: (str(v) if isinstance(v, Path) else v)
@@ -456,6 +290,7 @@ def main(argv=None):
     write_atomic(args.out / f"{name}.md", table + "\n")
     plot_curves(
         results,
+        list(VARIANTS),
         args.out / f"{name}.png",
         f"Multi30k En-Fr valid loss, {args.layers}L-{args.layers}L d={args.width}, "
         f"{len(args.seeds)} seed(s), CPU",

@@ -4,11 +4,14 @@
 fairseq's own ``tests/utils.py`` is not in its wheel; these are ours.
 """
 
+import atexit
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
@@ -64,26 +67,46 @@ def run(
     return proc.stdout
 
 
-def head_lines(src: Path, dst: Path, n: int, skip: int = 0):
-    with open(src, encoding="utf-8") as fin, open(dst, "w", encoding="utf-8") as fout:
-        for i, line in enumerate(fin):
-            if i < skip:
-                continue
-            if i >= skip + n:
-                break
-            fout.write(line.lower())
+# the largest subset any test takes; cleaning (ratio 1.5) keeps 2295 of the first 2400 train pairs
+MULTI30K_PREPARED_LINES = {"train": 2400, "valid": 200, "test": 100}
+_multi30k_work: Optional[Path] = None
+
+
+def prepared_multi30k() -> Path:
+    """scripts/prepare_multi30k.sh (the project's one Multi30k preparation: lower-cased,
+    Moses-tokenised, joint BPE of 3000 merges) on the first lines of each split, once per
+    test process; returns its work folder (BPE'd text in ``final/``)."""
+    global _multi30k_work
+    if _multi30k_work is None:
+        work = Path(tempfile.mkdtemp(prefix="realformer-multi30k-"))
+        atexit.register(shutil.rmtree, work, True)
+        limits = MULTI30K_PREPARED_LINES
+        run(
+            [
+                "bash", REPO_ROOT / "scripts" / "prepare_multi30k.sh",
+                "--work-dir", work, "--data", SHARED_DATA, "--bpe-size", "3000", "--workers", "1",
+                "--max-train-lines", limits["train"], "--max-valid-lines", limits["valid"],
+                "--max-test-lines", limits["test"], "--until", "clean",
+            ],
+            env={"PYTHON": sys.executable},
+        )  # fmt: skip
+        _multi30k_work = work
+    return _multi30k_work
 
 
 def make_multi30k_subset(
     out_dir: Path, n_train: int = 2000, n_valid: int = 200, n_test: int = 100
 ) -> Path:
-    """Lower-cased, whitespace-tokenised Multi30k en-fr subset as train/valid/test.{en,fr}."""
+    """The first pairs of each split of the prepared Multi30k en-fr (see prepared_multi30k)
+    as out_dir/{train,valid,test}.{en,fr}."""
+    final = prepared_multi30k() / "final"
     out_dir.mkdir(parents=True, exist_ok=True)
-    m30k = shared_data("multi30k")
-    for lang in ("en", "fr"):
-        head_lines(m30k / f"train.{lang}", out_dir / f"train.{lang}", n_train)
-        head_lines(m30k / f"val.{lang}", out_dir / f"valid.{lang}", n_valid)
-        head_lines(m30k / f"test_2016_flickr.{lang}", out_dir / f"test.{lang}", n_test)
+    for split, n in (("train", n_train), ("valid", n_valid), ("test", n_test)):
+        for lang in ("en", "fr"):
+            lines = (final / f"{split}.{lang}").read_text(encoding="utf-8").splitlines(True)
+            if len(lines) < n:
+                raise ValueError(f"{final / f'{split}.{lang}'} has {len(lines)} lines, not {n}")
+            (out_dir / f"{split}.{lang}").write_text("".join(lines[:n]), encoding="utf-8")
     return out_dir
 
 

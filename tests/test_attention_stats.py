@@ -238,7 +238,9 @@ def test_capture_leaves_the_model_as_it_was(corpus, mlm_checkpoints):
     assert not any(m._forward_pre_hooks or m._forward_hooks for m in modules)
 
 
-def test_encoder_decoder_chains(corpus, translation_checkpoint):
+def test_encoder_decoder_chains_match_numpy_and_the_decoder_attention(
+    corpus, translation_checkpoint
+):
     raw, _, _ = corpus
     ckpt, data_bin = translation_checkpoint
     model, task = stats_cli.load_checkpoint(str(ckpt), str(data_bin))

@@ -53,7 +53,9 @@ def generated_lines(generate_output: str, kind: str):
     return [texts[i] for i in sorted(texts)]
 
 
-def test_generate_with_beam5_lenpen_on_a_plugin_checkpoint(trained, monkeypatch):
+def test_generate_beam5_lenpen_loads_the_plugin_checkpoint_and_scores_its_hypotheses(
+    trained, monkeypatch
+):
     _, data_bin, checkpoint, _ = trained
     for key in [k for k in os.environ if k.startswith("TORCH_FORCE")]:
         monkeypatch.delenv(key)

@@ -44,8 +44,10 @@ done
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} MKL_NUM_THREADS=${MKL_NUM_THREADS:-1}
 
 log "smoke 1/3: prepare"
-bash "$EXAMPLE_DIR/prepare.sh" --work-dir "$WORK/prep" --dest "$WORK/data-bin" --offline \
-    --train "$DATA/multi30k/train" --valid "$DATA/newstest2013/newstest2013" \
+# the project's Multi30k preparation (prepare.sh --offline on Multi30k train), cased, with
+# newstest2013 / newstest2014 in place of Multi30k's val / test
+bash "$REPO_ROOT/scripts/prepare_multi30k.sh" --work-dir "$WORK/prep" --data "$DATA" --cased \
+    --dest "$WORK/data-bin" --valid "$DATA/newstest2013/newstest2013" \
     --test "$DATA/newstest2014/newstest2014-fren" --max-train-lines "$TRAIN_LINES" \
     --max-valid-lines "$VALID_LINES" --max-test-lines "$TEST_LINES" --bpe-size "$BPE_SIZE" --workers 1
 
