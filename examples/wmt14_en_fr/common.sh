@@ -330,10 +330,11 @@ stage_train() {
 
 # ------------------------------------------------------------------------------- evaluate
 
-# stage_average CHECKPOINT_DIR N OUT: average the last N epoch checkpoints
+# stage_average OUT CHECKPOINT...: average the given checkpoints into OUT
 stage_average() {
-    "$(bin_of realformer-average-checkpoints)" --inputs "$1" --num-epoch-checkpoints "$2" \
-        --output "$3" || exit 1
+    local out=$1
+    shift
+    "$(bin_of realformer-average-checkpoints)" --inputs "$@" --output "$out" || exit 1
 }
 
 # stage_generate: fairseq-generate of $SUBSET with $CHECKPOINT into $OUT_DIR/generate.$SUBSET.txt.
@@ -373,6 +374,7 @@ stage_score() {
         --tok-hyp "$OUT_DIR/hyp.tok.$TGT" --tok-ref "$tok_ref" \
         --fairseq-log "$gen" --results "$RESULTS" \
         --meta checkpoint "$CHECKPOINT" --meta beam "$BEAM" --meta lenpen "$LENPEN" \
-        --meta subset "$SUBSET" || exit 1
+        --meta subset "$SUBSET" --meta recipe "${RECIPE:-}" --meta batch_size "${BATCH_SIZE:-}" \
+        --averaged "${AVERAGED[@]}" || exit 1
     log "results in $RESULTS"
 }

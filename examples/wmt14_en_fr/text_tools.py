@@ -16,7 +16,6 @@ output is written to a temporary name next to it and renamed when complete.
 import argparse
 import contextlib
 import json
-import math
 import os
 import re
 import sys
@@ -329,6 +328,8 @@ def cmd_score(args):
         results["tokenized_bleu_fairseq"] = parsed
     for key, value in args.meta or []:
         results.setdefault("meta", {})[key] = value
+    if args.averaged:
+        results["averaged_checkpoints"] = [os.path.abspath(p) for p in args.averaged]
     text = json.dumps(results, indent=1, ensure_ascii=False)
     if args.results:
         with atomic_write(args.results) as out:
@@ -384,69 +385,6 @@ def cmd_spm_encode(args):
     with atomic_write(args.output) as out:
         for line in read_lines(args.input):
             out.write(" ".join(proc.encode(line, out_type=str)) + "\n")
-
-
-# ---------------------------------------------------------------- updates per epoch
-
-
-def updates_per_epoch(
-    data_bin: str,
-    src: str,
-    tgt: str,
-    max_tokens: int,
-    world_size: int,
-    update_freq: int,
-    max_positions: int = 1024,
-) -> dict:
-    """Updates in one epoch of fairseq-train, from the binarized train sizes: the same
-    batching (sort by target then source length, ``batch_by_size`` with max-tokens
-    and a batch multiple of 8, sentences over max-positions dropped), batches shared
-    over ``world_size`` workers, ``update_freq`` batches per update."""
-    import numpy as np
-    from fairseq.data import data_utils, indexed_dataset
-
-    sizes, datasets = [], []
-    for lang in (src, tgt):
-        prefix = os.path.join(data_bin, f"train.{src}-{tgt}.{lang}")
-        if not indexed_dataset.dataset_exists(prefix, impl="mmap"):
-            raise InputError(f"{prefix}.bin/.idx: missing binarized train data (run prepare.sh)")
-        # keep the dataset referenced while its memory-mapped sizes are copied: dropping the
-        # temporary closes the mmap under the view (segfault)
-        dataset = indexed_dataset.MMapIndexedDataset(prefix)
-        sizes.append(np.array(dataset.sizes, dtype=np.int64, copy=True))
-        datasets.append(dataset)
-    src_sizes, tgt_sizes = sizes
-    if len(src_sizes) != len(tgt_sizes):
-        raise InputError(f"{data_bin}: source and target train sets differ in length")
-    keep = (src_sizes <= max_positions) & (tgt_sizes <= max_positions)
-    indices = np.arange(len(src_sizes))[keep]
-    indices = indices[np.argsort(tgt_sizes[indices], kind="mergesort")]
-    indices = indices[np.argsort(src_sizes[indices], kind="mergesort")]
-    num_tokens = np.maximum(src_sizes, tgt_sizes)
-    batches = data_utils.batch_by_size(
-        indices,
-        num_tokens_fn=lambda i: int(num_tokens[i]),
-        num_tokens_vec=num_tokens[indices],
-        max_tokens=max_tokens,
-        required_batch_size_multiple=8,
-    )
-    # batch_by_size of this fairseq drops a last batch whose size is not a multiple of 8
-    n_batches = len(batches)
-    per_worker = math.ceil(n_batches / world_size)
-    updates = math.ceil(per_worker / update_freq)
-    return {
-        "sentences": int(len(src_sizes)),
-        "batches": n_batches,
-        "updates_per_epoch": updates,
-        "tokens": int(num_tokens.sum()),
-    }
-
-
-def cmd_updates_per_epoch(args):
-    info = updates_per_epoch(
-        args.data_bin, args.src, args.tgt, args.max_tokens, args.world_size, args.update_freq
-    )
-    print(f"{info['updates_per_epoch']} {info['batches']} {info['sentences']}")
 
 
 # ---------------------------------------------------------------- main
@@ -512,6 +450,7 @@ def get_parser():
     s.add_argument("--results")
     s.add_argument("--merge", action="store_true")
     s.add_argument("--meta", nargs=2, action="append", metavar=("KEY", "VALUE"))
+    s.add_argument("--averaged", nargs="*", default=[], help="the checkpoints averaged")
     s.set_defaults(fn=cmd_score)
 
     s = sub.add_parser("spm-train", help="sentencepiece BPE model (the --bpe sentencepiece option)")
@@ -527,14 +466,6 @@ def get_parser():
     s.add_argument("--output", required=True)
     s.set_defaults(fn=cmd_spm_encode)
 
-    s = sub.add_parser("updates-per-epoch", help="fairseq-train updates per epoch")
-    s.add_argument("--data-bin", required=True)
-    s.add_argument("--src", default="en")
-    s.add_argument("--tgt", default="fr")
-    s.add_argument("--max-tokens", type=int, required=True)
-    s.add_argument("--world-size", type=int, default=1)
-    s.add_argument("--update-freq", type=int, default=1)
-    s.set_defaults(fn=cmd_updates_per_epoch)
     return p
 
 
