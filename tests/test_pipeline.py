@@ -170,6 +170,50 @@ def test_clean_leaves_no_partial_output(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.en", "a.fr"]
 
 
+MOSES_REFERENCE = SHARED_DATA / "moses_reference"
+# golden file stem -> the input it was made from (moses_reference/README.md)
+MOSES_INPUTS = {
+    "newstest2012": SHARED_DATA / "newstest2013" / "newstest2012",
+    "newstest2013": SHARED_DATA / "newstest2013" / "newstest2013",
+    "newstest2014": SHARED_DATA / "newstest2014" / "newstest2014-fren",
+    "tatoeba-first20000": SHARED_DATA / "tatoeba" / "fra-eng.no-tatoeba-test",
+    "probe": MOSES_REFERENCE / "probe",
+}
+
+
+def test_tokenize_equals_moses_perl_line_for_line():
+    """Both chains of prepare-wmt14en2fr.sh (train: normalize-punctuation | remove-non-printing-
+    char | tokenizer -a; test: s/’/'/ | tokenizer -a), both languages, every golden file of
+    moses_reference/ (real Moses perl output): 0 differing lines."""
+    import multiprocessing as mp
+
+    if not MOSES_REFERENCE.is_dir():
+        pytest.skip(f"{MOSES_REFERENCE} missing")
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import text_tools
+    finally:
+        sys.path.remove(str(EXAMPLE))
+    golden = sorted(MOSES_REFERENCE.glob("*-tok.*"))
+    # newstest2012/13/14 and probe: 2 chains x 2 languages; tatoeba: the train chain only
+    assert len(golden) == 4 * 4 + 2, golden
+    differing = {}
+    for lang in ("en", "fr"):
+        for chain in ("train", "test"):
+            ctx = mp.get_context("fork")
+            with ctx.Pool(2, text_tools._init_worker, (lang, chain)) as pool:
+                for path in golden:
+                    stem, suffix = path.name.split(".", 1)
+                    if suffix != f"{chain}-tok.{lang}":
+                        continue
+                    want = path.read_text(encoding="utf-8").split("\n")[:-1]
+                    src = list(text_tools.read_lines(f"{MOSES_INPUTS[stem]}.{lang}"))[: len(want)]
+                    got = pool.map(text_tools._tokenize_line, src, chunksize=500)
+                    differing[path.name] = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
+                    assert len(got) == len(want), path
+    assert differing == {path.name: [] for path in golden}
+
+
 def test_tokenize_matches_moses_conventions(tmp_path):
     sys.path.insert(0, str(EXAMPLE))
     try:
@@ -182,6 +226,13 @@ def test_tokenize_matches_moses_conventions(tmp_path):
     )
     tt._init_worker("en", "test")
     assert tt._tokenize_line("It’s well-known") == "It &apos;s well @-@ known"
+    # the three places sacremoses 0.2.0 alone differs from Moses perl (moses_reference/probe)
+    assert tt._tokenize_line("U.S. and etc. and Mr. Smith and p.m.") == (
+        "U.S. and etc. and Mr. Smith and p.m ."
+    )
+    tt._init_worker("fr", "train")
+    assert tt._tokenize_line('Il a dit "oui."') == "Il a dit &quot; oui &quot; ."
+    assert tt._tokenize_line("Soft\xadhyphen Inter\xadnational") == "Soft hyphen Inter national"
 
 
 # ------------------------------------------------------------------ download stage
