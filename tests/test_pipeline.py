@@ -235,6 +235,48 @@ def test_tokenize_matches_moses_conventions(tmp_path):
     assert tt._tokenize_line("Soft\xadhyphen Inter\xadnational") == "Soft hyphen Inter national"
 
 
+def test_long_cpu_stages_log_progress_and_bpe_equals_subword_nmt(tmp_path):
+    """tokenize, learn-bpe and apply-bpe print fairseq-style progress lines (count and rate);
+    learn-bpe / apply-bpe give exactly what subword-nmt's command line gives (reference
+    order: train.en then train.fr)."""
+    pair = write_pair(tmp_path / "train", 400)
+    env = dict(os.environ, REALFORMER_PROGRESS_SECONDS="0")
+
+    def tools(*args):
+        proc = subprocess.run(
+            [sys.executable, EXAMPLE / "text_tools.py", *map(str, args)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stderr
+
+    rate = r"\d+ lines/s"
+    err = tools("tokenize", "--lang", "en", "--input", f"{pair}.en", "--output", tmp_path / "t.en")
+    assert re.search(rf"\| INFO \| wmt14_en_fr \| tokenize train.en: 1 lines, {rate}\n", err)
+    assert re.search(rf"\| tokenize train.en: 400 lines, {rate} \(done\)", err)
+    tools("tokenize", "--lang", "fr", "--input", f"{pair}.fr", "--output", tmp_path / "t.fr")
+    codes = tmp_path / "codes"
+    err = tools("learn-bpe", "--symbols", "100", "--output", codes, tmp_path / "t.en",
+                tmp_path / "t.fr")  # fmt: skip
+    assert re.search(rf"\| learn-bpe read t.en\+t.fr: 800 lines, {rate} \(done\)", err)
+    assert re.search(r"\| learn-bpe: 100 merges, \d+ merges/s \(done\)", err)
+    err = tools("apply-bpe", "--codes", codes, "--input", tmp_path / "t.fr", "--output",
+                tmp_path / "b.fr", "--workers", "2")  # fmt: skip
+    assert re.search(rf"\| apply-bpe t.fr: 400 lines, {rate} \(done\)", err)
+
+    def subword_nmt(*args, stdin: bytes):
+        return subprocess.run(
+            [sys.executable, "-c", "import sys; from subword_nmt.subword_nmt import main; main()",
+             *map(str, args)],
+            input=stdin, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=True,
+        ).stdout  # fmt: skip
+
+    both = (tmp_path / "t.en").read_bytes() + (tmp_path / "t.fr").read_bytes()
+    assert codes.read_bytes() == subword_nmt("learn-bpe", "-s", "100", stdin=both)
+    apply = subword_nmt("apply-bpe", "-c", codes, stdin=(tmp_path / "t.fr").read_bytes())
+    assert (tmp_path / "b.fr").read_bytes() == apply
+
+
 # ------------------------------------------------------------------ download stage
 
 
