@@ -521,6 +521,8 @@ def test_evaluate_averages_the_recipes_checkpoints(tmp_path):
     assert f"averaging 10 checkpoints: {chosen}" in proc.stderr
     proc = bash("evaluate.sh", *args, "--average-last", "60", "--allow-fewer")
     assert "averaging 50 checkpoints:" in proc.stderr and "fewer than 60" in proc.stderr
+    proc = bash("evaluate.sh", *args, "--recipe", "paper")
+    assert_fails_naming(proc, "--recipe", "must be admin-clinic or realformer, got 'paper'")
 
 
 def test_radam_matches_torch_radam():

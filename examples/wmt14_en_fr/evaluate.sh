@@ -103,7 +103,8 @@ done
 [[ -d "$DATA_BIN" ]] || die "$DATA_BIN: missing data folder (run prepare.sh)"
 # EVAL_AVERAGE_LAST, EVAL_CHECKPOINT_UPPER_BOUND, EVAL_BATCH_SIZE, EVAL_BEAM, EVAL_LENPEN,
 # EVAL_REMOVE_BPE of the recipe
-eval "$("$PYTHON" "$EXAMPLE_DIR/recipes.py" shell --recipe "$RECIPE")" || exit 1
+RECIPE_SH="$("$PYTHON" "$EXAMPLE_DIR/recipes.py" shell --recipe "$RECIPE")" || exit 1
+eval "$RECIPE_SH"
 AVERAGE_LAST=${AVERAGE_LAST:-$EVAL_AVERAGE_LAST}
 UPPER_BOUND=${UPPER_BOUND:-$EVAL_CHECKPOINT_UPPER_BOUND}
 BEAM=${BEAM:-$EVAL_BEAM}
