@@ -143,3 +143,21 @@ def test_extract_orders_hypotheses_and_detects_gaps(tmp_path):
     proc = text_tools("extract", "--input", gen, "--output", tmp_path / "h2", check=False)
     assert proc.returncode == 1 and "1 sentence ids missing (first 1)" in proc.stderr
     assert not (tmp_path / "h2").exists()
+
+
+def test_results_record_the_averaged_checkpoints(tmp_path):
+    """evaluate.sh hands the checkpoints it averaged to the scorer, which records them (with
+    the recipe's generation settings) in the results JSON."""
+    check = shared_data("bleu_check")
+    results = tmp_path / "r.json"
+    text_tools(
+        "score", "--hyp", check / HYP, "--ref", check / "ref.fr", "--results", results,
+        "--meta", "recipe", "admin-clinic", "--meta", "batch_size", "128",
+        "--averaged", tmp_path / "checkpoint49.pt", tmp_path / "checkpoint50.pt",
+    )  # fmt: skip
+    got = json.loads(results.read_text())
+    assert got["averaged_checkpoints"] == [
+        str(tmp_path / "checkpoint49.pt"),
+        str(tmp_path / "checkpoint50.pt"),
+    ]
+    assert got["meta"] == {"recipe": "admin-clinic", "batch_size": "128"}

@@ -36,9 +36,6 @@ bin_of() {
 
 tools() { "$PYTHON" "$EXAMPLE_DIR/text_tools.py" "$@"; }
 
-# subword-nmt's command line, from this Python
-subword_nmt() { "$PYTHON" -c 'import sys; from subword_nmt.subword_nmt import main; sys.exit(main())' "$@"; }
-
 # check_files FILE...: present, non-empty, UTF-8 and (if several) the same number of lines
 check_files() { tools check "$@" >/dev/null || exit 1; }
 
@@ -217,16 +214,15 @@ stage_tokenize() {
     done
 }
 
-# stage_learn_bpe: joint BPE on train.fr + train.en (subword-nmt learn-bpe -s N), or a
+# stage_learn_bpe: joint BPE on train.en + train.fr (subword-nmt learn-bpe -s N), or a
 # sentencepiece BPE model of N pieces
 stage_learn_bpe() {
     check_pair "$WORK/tok/train"
     mkdir -p "$WORK/bpe"
     if [[ $BPE == subword-nmt ]]; then
-        cat "$WORK/tok/train.$TGT" "$WORK/tok/train.$SRC" |
-            subword_nmt learn-bpe -s "$BPE_SIZE" >"$WORK/bpe/codes.tmp" ||
-            die "learn-bpe failed on $WORK/tok/train.{$SRC,$TGT}"
-        mv "$WORK/bpe/codes.tmp" "$WORK/bpe/codes"
+        # the reference's order: train.en then train.fr
+        tools learn-bpe --symbols "$BPE_SIZE" --output "$WORK/bpe/codes" \
+            "$WORK/tok/train.$SRC" "$WORK/tok/train.$TGT" || exit 1
     else
         tools spm-train --size "$BPE_SIZE" --model "$WORK/bpe/codes" \
             "$WORK/tok/train.$TGT" "$WORK/tok/train.$SRC" || exit 1
@@ -245,10 +241,8 @@ stage_apply_bpe() {
         check_pair "$WORK/tok/$split"
         for l in $SRC $TGT; do
             if [[ $BPE == subword-nmt ]]; then
-                subword_nmt apply-bpe -c "$codes" \
-                    --num-workers "${WORKERS:-1}" <"$WORK/tok/$split.$l" >"$WORK/bpe/$split.$l.tmp" ||
-                    die "apply-bpe failed on $WORK/tok/$split.$l with $codes"
-                mv "$WORK/bpe/$split.$l.tmp" "$WORK/bpe/$split.$l"
+                tools apply-bpe --codes "$codes" --workers "${WORKERS:-1}" \
+                    --input "$WORK/tok/$split.$l" --output "$WORK/bpe/$split.$l" || exit 1
             else
                 tools spm-encode --model "$codes" --input "$WORK/tok/$split.$l" \
                     --output "$WORK/bpe/$split.$l" || exit 1
@@ -330,10 +324,11 @@ stage_train() {
 
 # ------------------------------------------------------------------------------- evaluate
 
-# stage_average CHECKPOINT_DIR N OUT: average the last N epoch checkpoints
+# stage_average OUT CHECKPOINT...: average the given checkpoints into OUT
 stage_average() {
-    "$(bin_of realformer-average-checkpoints)" --inputs "$1" --num-epoch-checkpoints "$2" \
-        --output "$3" || exit 1
+    local out=$1
+    shift
+    "$(bin_of realformer-average-checkpoints)" --inputs "$@" --output "$out" || exit 1
 }
 
 # stage_generate: fairseq-generate of $SUBSET with $CHECKPOINT into $OUT_DIR/generate.$SUBSET.txt.
@@ -373,6 +368,7 @@ stage_score() {
         --tok-hyp "$OUT_DIR/hyp.tok.$TGT" --tok-ref "$tok_ref" \
         --fairseq-log "$gen" --results "$RESULTS" \
         --meta checkpoint "$CHECKPOINT" --meta beam "$BEAM" --meta lenpen "$LENPEN" \
-        --meta subset "$SUBSET" || exit 1
+        --meta subset "$SUBSET" --meta recipe "${RECIPE:-}" --meta batch_size "${BATCH_SIZE:-}" \
+        --averaged "${AVERAGED[@]}" || exit 1
     log "results in $RESULTS"
 }

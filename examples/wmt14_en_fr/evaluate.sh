@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Evaluate a WMT'14 En-Fr model as RealFormer / ADMIN report it: fairseq-generate (beam 5,
-# lenpen 0.8), tokenized BLEU as fairseq prints it (the paper's Table 7 metric), and SacreBLEU on
-# the detokenized output (sacremoses) against the raw reference, with its signature.
+# Evaluate a WMT'14 En-Fr model as RealFormer / ADMIN report it, with the settings of recipes.py
+# (Transformer-Clinic's eval_wmt_en-fr.sh): average the last 10 epoch checkpoints up to epoch 50,
+# fairseq-generate (batch 128, beam 5, lenpen 0.8), tokenized BLEU as fairseq prints it (the
+# paper's Table 7 metric), and SacreBLEU on the detokenized output against the raw reference.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 usage() {
     cat <<EOF
-usage: evaluate.sh --data-bin DIR (--checkpoint FILE | --checkpoint-dir DIR [--average-last N])
-                   [--subset test] [--beam 5] [--lenpen 0.8] [--max-tokens N] [--batch-size N]
+usage: evaluate.sh --data-bin DIR (--checkpoint FILE | --checkpoint-dir DIR [--average-last N]
+                   [--checkpoint-upper-bound K] [--allow-fewer]) [--recipe realformer|admin-clinic]
+                   [--subset test] [--beam N] [--lenpen X] [--max-tokens N] [--batch-size N]
                    [--cpu] [--fp16] [--out-dir DIR] [--results FILE] [-- EXTRA fairseq-generate ARGS]
        evaluate.sh score --hyp FILE --ref FILE [--detok-lang fr] [--tok-hyp FILE --tok-ref FILE]
                    [--results FILE]
@@ -16,8 +18,11 @@ usage: evaluate.sh --data-bin DIR (--checkpoint FILE | --checkpoint-dir DIR [--a
 generate mode: translate --subset of --data-bin (the output of prepare.sh) and write
   OUT_DIR/generate.SUBSET.txt, hyp.tok.fr (BPE removed), hyp.detok.fr and the results file
   (JSON: tokenized BLEU as fairseq printed it, the same recomputed by sacrebleu tok:none, and
-  SacreBLEU with signature). --average-last N first averages the last N epoch checkpoints of
-  --checkpoint-dir (the paper: 25) into OUT_DIR/checkpoint.avgN.pt.
+  SacreBLEU with signature). With --checkpoint-dir, the last N epoch checkpoints up to epoch K
+  are averaged into OUT_DIR/checkpoint.avgN.pt first (the recipe's N=10, K=50 unless
+  --average-last / --checkpoint-upper-bound say otherwise; --average-last 1 takes
+  checkpoint_last.pt); fewer than N epoch checkpoints stop the script unless --allow-fewer.
+  The recipe also gives --batch-size, --beam and --lenpen.
 score mode: SacreBLEU alone for an existing hypothesis file against a raw reference; with
   --detok-lang the hypothesis is Moses-detokenized first.
 EOF
@@ -57,10 +62,13 @@ fi
 DATA_BIN=""
 CHECKPOINT=""
 CHECKPOINT_DIR=""
-AVERAGE_LAST=0
+RECIPE=realformer
+AVERAGE_LAST=""
+UPPER_BOUND=""
+ALLOW_FEWER=0
 SUBSET=test
-BEAM=5
-LENPEN=0.8
+BEAM=""
+LENPEN=""
 MAX_TOKENS=""
 BATCH_SIZE=""
 CPU=0
@@ -73,7 +81,10 @@ while [[ $# -gt 0 ]]; do
     --data-bin) DATA_BIN=$2; shift 2 ;;
     --checkpoint) CHECKPOINT=$2; shift 2 ;;
     --checkpoint-dir) CHECKPOINT_DIR=$2; shift 2 ;;
+    --recipe) RECIPE=$2; shift 2 ;;
     --average-last) AVERAGE_LAST=$2; shift 2 ;;
+    --checkpoint-upper-bound) UPPER_BOUND=$2; shift 2 ;;
+    --allow-fewer) ALLOW_FEWER=1; shift ;;
     --subset) SUBSET=$2; shift 2 ;;
     --beam) BEAM=$2; shift 2 ;;
     --lenpen) LENPEN=$2; shift 2 ;;
@@ -90,13 +101,34 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$DATA_BIN" ]] || die "--data-bin is required (the --dest of prepare.sh)"
 [[ -d "$DATA_BIN" ]] || die "$DATA_BIN: missing data folder (run prepare.sh)"
+# EVAL_AVERAGE_LAST, EVAL_CHECKPOINT_UPPER_BOUND, EVAL_BATCH_SIZE, EVAL_BEAM, EVAL_LENPEN,
+# EVAL_REMOVE_BPE of the recipe
+RECIPE_SH="$("$PYTHON" "$EXAMPLE_DIR/recipes.py" shell --recipe "$RECIPE")" || exit 1
+eval "$RECIPE_SH"
+AVERAGE_LAST=${AVERAGE_LAST:-$EVAL_AVERAGE_LAST}
+UPPER_BOUND=${UPPER_BOUND:-$EVAL_CHECKPOINT_UPPER_BOUND}
+BEAM=${BEAM:-$EVAL_BEAM}
+LENPEN=${LENPEN:-$EVAL_LENPEN}
+BATCH_SIZE=${BATCH_SIZE:-$EVAL_BATCH_SIZE}
+[[ "$AVERAGE_LAST" =~ ^[0-9]+$ && "$UPPER_BOUND" =~ ^[0-9]+$ ]] ||
+    die "--average-last and --checkpoint-upper-bound must be whole numbers"
+AVERAGED=()
 if [[ -z "$CHECKPOINT" ]]; then
     [[ -n "$CHECKPOINT_DIR" ]] || die "pass --checkpoint FILE or --checkpoint-dir DIR"
     if [[ "$AVERAGE_LAST" -gt 1 ]]; then
         OUT_DIR=${OUT_DIR:-$CHECKPOINT_DIR/eval}
         mkdir -p "$OUT_DIR"
         CHECKPOINT="$OUT_DIR/checkpoint.avg$AVERAGE_LAST.pt"
-        stage_average "$CHECKPOINT_DIR" "$AVERAGE_LAST" "$CHECKPOINT"
+        FEWER=()
+        [[ $ALLOW_FEWER == 1 ]] && FEWER=(--allow-fewer)
+        mapfile -t AVERAGED < <("$PYTHON" "$EXAMPLE_DIR/recipes.py" average-inputs \
+            --dir "$CHECKPOINT_DIR" --n "$AVERAGE_LAST" --upper-bound "$UPPER_BOUND" "${FEWER[@]}" ||
+            echo "FAILED")
+        [[ "${AVERAGED[-1]:-FAILED}" != FAILED ]] || exit 1
+        [[ ${#AVERAGED[@]} == "$AVERAGE_LAST" ]] ||
+            warn "averaging ${#AVERAGED[@]} epoch checkpoints, fewer than $AVERAGE_LAST (--allow-fewer)"
+        log "averaging ${#AVERAGED[@]} checkpoints: ${AVERAGED[*]}"
+        stage_average "$CHECKPOINT" "${AVERAGED[@]}"
     else
         CHECKPOINT="$CHECKPOINT_DIR/checkpoint_last.pt"
     fi
@@ -105,17 +137,17 @@ OUT_DIR=${OUT_DIR:-$(dirname "$CHECKPOINT")/eval}
 RESULTS=${RESULTS:-$OUT_DIR/results.$SUBSET.json}
 RAW_REF="$DATA_BIN/$SUBSET.raw.$TGT"
 [[ -f "$RAW_REF" ]] || die "$RAW_REF: missing raw reference (prepare.sh writes it for the test set)"
-REMOVE_BPE=subword_nmt
+REMOVE_BPE=$EVAL_REMOVE_BPE
 if [[ -f "$DATA_BIN/prepare.env" ]] && grep -q '^BPE=sentencepiece$' "$DATA_BIN/prepare.env"; then
     REMOVE_BPE=sentencepiece
 fi
 GEN_ARGS=()
 if [[ -n "$BATCH_SIZE" ]]; then GEN_ARGS+=(--batch-size "$BATCH_SIZE"); fi
-GEN_ARGS+=(--max-tokens "${MAX_TOKENS:-$([[ $CPU == 1 ]] && echo 4000 || echo 16000)}")
+if [[ -n "$MAX_TOKENS" ]]; then GEN_ARGS+=(--max-tokens "$MAX_TOKENS"); fi
 if [[ $CPU == 1 ]]; then GEN_ARGS+=(--cpu); fi
 if [[ $FP16 == 1 ]]; then GEN_ARGS+=(--fp16); fi
 GEN_ARGS+=("${EXTRA[@]}")
 
-log "checkpoint $CHECKPOINT; $SUBSET of $DATA_BIN; beam $BEAM, lenpen $LENPEN"
+log "checkpoint $CHECKPOINT; $SUBSET of $DATA_BIN; recipe $RECIPE: batch $BATCH_SIZE, beam $BEAM, lenpen $LENPEN"
 stage_generate
 stage_score

@@ -124,8 +124,9 @@ fi
 # each stage's settings include the previous stage's, so a change redoes what follows it
 S_FETCH="offline=$OFFLINE train=${TRAIN_PREFIXES[*]} valid=${VALID_PREFIXES[*]} test=${TEST_PREFIXES[*]}"
 S_RAW="$S_FETCH max=$MAX_TRAIN_LINES,$MAX_VALID_LINES,$MAX_TEST_LINES"
-S_TOK="$S_RAW tok=sacremoses-a-v1"
-S_LEARN="$S_TOK bpe=$BPE size=$BPE_SIZE"
+TOK_VERSION="$(tools tokenizer-version)" || exit 1
+S_TOK="$S_RAW tok=$TOK_VERSION-a"
+S_LEARN="$S_TOK bpe=$BPE size=$BPE_SIZE order=$SRC,$TGT"
 S_APPLY="$S_LEARN codes=${BPE_CODES:-learned}"
 S_CLEAN="$S_APPLY clean=1-250,1.5"
 S_BIN="$S_CLEAN dest=$DEST"

@@ -16,11 +16,12 @@ output is written to a temporary name next to it and renamed when complete.
 import argparse
 import contextlib
 import json
-import math
 import os
 import re
 import sys
 import tempfile
+import time
+import unicodedata
 from typing import Iterator, List, Optional, Sequence
 
 PROG = "wmt14_en_fr"
@@ -113,36 +114,120 @@ def read_lines(path: str) -> Iterator[str]:
             raise InputError(f"{path}: not valid UTF-8 at line {line_no + 1}") from None
 
 
+# ---------------------------------------------------------------- progress
+
+
+class Progress:
+    """fairseq-style log lines on stderr while a long CPU stage runs, every
+    $REALFORMER_PROGRESS_SECONDS seconds (default 30) and once at the end:
+    ``... | INFO | wmt14_en_fr | tokenize train.en: 1200000 lines, 52000 lines/s``."""
+
+    def __init__(self, what: str, unit: str = "lines"):
+        self.what, self.unit, self.n = what, unit, 0
+        self.every = float(os.environ.get("REALFORMER_PROGRESS_SECONDS", "30"))
+        self.start = self.last = time.monotonic()
+
+    def update(self, k: int = 1):
+        self.n += k
+        now = time.monotonic()
+        if now - self.last >= self.every:
+            self.last = now
+            self.log(now)
+
+    def log(self, now: Optional[float] = None, end: str = ""):
+        elapsed = max((now or time.monotonic()) - self.start, 1e-9)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
+        print(
+            f"{stamp} | INFO | {PROG} | {self.what}: {self.n} {self.unit}, "
+            f"{self.n / elapsed:.0f} {self.unit}/s{end}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def done(self):
+        self.log(end=" (done)")
+
+
+def progress_lines(lines: Iterator[str], progress: Progress) -> Iterator[str]:
+    for line in lines:
+        yield line
+        progress.update()
+
+
 # ---------------------------------------------------------------- tokenise
 
 
 _WORKER = {}
+# the sacremoses release whose output these fixes make equal to Moses perl (setup.py pins it;
+# prepare.sh puts the version into the tokenize stage's marker)
+SACREMOSES_VERSION = "0.2.0"
+PERL_FIXES = 1  # raise when the fixes below change: prepare.sh then redoes the tokenize stage
+
+
+def _moses_tokenizer(lang: str):
+    """sacremoses' MosesTokenizer plus the one rule of tokenizer.perl it lacks: the last word
+    of a line that ends with a dot has the dot split off, whatever the word (``etc.``,
+    ``U.S.A.``, ``FoxNews.com.``), before the non-breaking-prefix rules are asked."""
+    from sacremoses import MosesTokenizer
+
+    class PerlTokenizer(MosesTokenizer):
+        def handles_nonbreaking_prefixes(self, text):
+            words = text.split()
+            text = super().handles_nonbreaking_prefixes(text)
+            # the last word ends the output, unchanged or already split ("X .")
+            if words and re.fullmatch(r"\S+\.", words[-1]) and not text.endswith(" ."):
+                text = text[:-1] + " ."
+            return text
+
+    return PerlTokenizer(lang=lang)
+
+
+def remove_non_printing(line: str) -> str:
+    """remove-non-printing-char.perl: every \\p{C} character (control, format, private use,
+    surrogate, unassigned) becomes a space (sacremoses deletes them)."""
+    return "".join(" " if unicodedata.category(c)[0] == "C" else c for c in line)
 
 
 def _init_worker(lang: str, mode: str):
-    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+    from sacremoses import MosesPunctNormalizer
 
-    _WORKER["norm"] = MosesPunctNormalizer(
-        lang=lang, post_remove_control_chars=True, perl_parity=True
-    )
-    _WORKER["tok"] = MosesTokenizer(lang=lang)
+    _WORKER["norm"] = MosesPunctNormalizer(lang=lang, perl_parity=True)
+    _WORKER["tok"] = _moses_tokenizer(lang)
     _WORKER["mode"] = mode
 
 
 def _tokenize_line(line: str) -> str:
     if _WORKER["mode"] == "train":
-        # normalize-punctuation.perl | remove-non-printing-char.perl
-        line = _WORKER["norm"].normalize(line)
+        # normalize-punctuation.perl sees the line with its newline: its quote/period swap
+        # s/(\.+)"(\s*[^<])/"$1$2/ then also fires at the end of the line (rendu." -> rendu".)
+        line = _WORKER["norm"].normalize(line + "\n")
+        # | remove-non-printing-char.perl
+        line = remove_non_printing(line)
     else:
         # the reference applies only sed "s/’/'/g" to the test set
         line = line.replace("\u2019", "'")
-    out = _WORKER["tok"].tokenize(line, aggressive_dash_splits=True, return_str=True, escape=True)
-    return " ".join(out.split())
+    # as is: tokenizer.perl's last rule (s/\.\' ?$/ . ' /) leaves a trailing space
+    return _WORKER["tok"].tokenize(line, aggressive_dash_splits=True, return_str=True, escape=True)
+
+
+def tokenizer_version() -> str:
+    """What the tokenize stage's marker records: the sacremoses release and our fixes' version;
+    a different sacremoses gets a warning (the line-for-line equality is tested on 0.2.0)."""
+    import sacremoses
+
+    if sacremoses.__version__ != SACREMOSES_VERSION:
+        print(
+            f"{PROG}: warning: sacremoses {sacremoses.__version__} installed; the tokenisation is "
+            f"tested equal to Moses perl with {SACREMOSES_VERSION} (pip install -e .)",
+            file=sys.stderr,
+        )
+    return f"sacremoses-{sacremoses.__version__}+perl-fixes-{PERL_FIXES}"
 
 
 def cmd_tokenize(args):
     count_lines_utf8(args.input)
-    lines = read_lines(args.input)
+    progress = Progress(f"tokenize {os.path.basename(args.input)}")
+    lines = progress_lines(read_lines(args.input), progress)
     with atomic_write(args.output) as out:
         if args.workers > 1:
             import multiprocessing as mp
@@ -154,6 +239,74 @@ def cmd_tokenize(args):
             _init_worker(args.lang, args.mode)
             for line in lines:
                 out.write(_tokenize_line(line) + "\n")
+    progress.done()
+
+
+# ---------------------------------------------------------------- BPE (subword-nmt)
+
+
+class _CountingWriter:
+    """The code file learn_bpe writes to: counts the merges (one line each) for the log."""
+
+    def __init__(self, out, progress: Progress):
+        self.out, self.progress = out, progress
+
+    def write(self, text: str):
+        self.out.write(text)
+        if not text.startswith("#version"):
+            self.progress.update(text.count("\n"))
+
+
+def cmd_learn_bpe(args):
+    """subword-nmt learn-bpe -s N on the concatenation of the inputs, in the given order (the
+    reference: train.en then train.fr), with progress lines for reading and merging."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    for path in args.inputs:
+        count_lines_utf8(path)
+    reading = Progress(f"learn-bpe read {'+'.join(os.path.basename(p) for p in args.inputs)}")
+
+    def lines():
+        for path in args.inputs:
+            with open(path, encoding="utf-8", newline="\n") as fh:
+                yield from progress_lines(fh, reading)
+        reading.done()
+
+    merging = Progress("learn-bpe", unit="merges")
+    with atomic_write(args.output) as out:
+        learn_bpe(lines(), _CountingWriter(out, merging), args.symbols)
+    merging.done()
+
+
+def _init_bpe(codes: str):
+    from subword_nmt.apply_bpe import BPE
+
+    with open(codes, encoding="utf-8") as fh:
+        _WORKER["bpe"] = BPE(fh)
+
+
+def _apply_bpe_line(line: str) -> str:
+    return _WORKER["bpe"].process_line(line)
+
+
+def cmd_apply_bpe(args):
+    """subword-nmt apply-bpe -c CODES (default separator @@, all merges), with progress."""
+    count_lines_utf8(args.codes)
+    count_lines_utf8(args.input)
+    progress = Progress(f"apply-bpe {os.path.basename(args.input)}")
+    with open(args.input, encoding="utf-8", newline="\n") as fh, atomic_write(args.output) as out:
+        lines = progress_lines(fh, progress)
+        if args.workers > 1:
+            import multiprocessing as mp
+
+            with mp.Pool(args.workers, _init_bpe, (args.codes,)) as pool:
+                for seg in pool.imap(_apply_bpe_line, lines, chunksize=2000):
+                    out.write(seg)
+        else:
+            _init_bpe(args.codes)
+            for line in lines:
+                out.write(_apply_bpe_line(line))
+    progress.done()
 
 
 def cmd_detokenize(args):
@@ -329,6 +482,8 @@ def cmd_score(args):
         results["tokenized_bleu_fairseq"] = parsed
     for key, value in args.meta or []:
         results.setdefault("meta", {})[key] = value
+    if args.averaged:
+        results["averaged_checkpoints"] = [os.path.abspath(p) for p in args.averaged]
     text = json.dumps(results, indent=1, ensure_ascii=False)
     if args.results:
         with atomic_write(args.results) as out:
@@ -386,69 +541,6 @@ def cmd_spm_encode(args):
             out.write(" ".join(proc.encode(line, out_type=str)) + "\n")
 
 
-# ---------------------------------------------------------------- updates per epoch
-
-
-def updates_per_epoch(
-    data_bin: str,
-    src: str,
-    tgt: str,
-    max_tokens: int,
-    world_size: int,
-    update_freq: int,
-    max_positions: int = 1024,
-) -> dict:
-    """Updates in one epoch of fairseq-train, from the binarized train sizes: the same
-    batching (sort by target then source length, ``batch_by_size`` with max-tokens
-    and a batch multiple of 8, sentences over max-positions dropped), batches shared
-    over ``world_size`` workers, ``update_freq`` batches per update."""
-    import numpy as np
-    from fairseq.data import data_utils, indexed_dataset
-
-    sizes, datasets = [], []
-    for lang in (src, tgt):
-        prefix = os.path.join(data_bin, f"train.{src}-{tgt}.{lang}")
-        if not indexed_dataset.dataset_exists(prefix, impl="mmap"):
-            raise InputError(f"{prefix}.bin/.idx: missing binarized train data (run prepare.sh)")
-        # keep the dataset referenced while its memory-mapped sizes are copied: dropping the
-        # temporary closes the mmap under the view (segfault)
-        dataset = indexed_dataset.MMapIndexedDataset(prefix)
-        sizes.append(np.array(dataset.sizes, dtype=np.int64, copy=True))
-        datasets.append(dataset)
-    src_sizes, tgt_sizes = sizes
-    if len(src_sizes) != len(tgt_sizes):
-        raise InputError(f"{data_bin}: source and target train sets differ in length")
-    keep = (src_sizes <= max_positions) & (tgt_sizes <= max_positions)
-    indices = np.arange(len(src_sizes))[keep]
-    indices = indices[np.argsort(tgt_sizes[indices], kind="mergesort")]
-    indices = indices[np.argsort(src_sizes[indices], kind="mergesort")]
-    num_tokens = np.maximum(src_sizes, tgt_sizes)
-    batches = data_utils.batch_by_size(
-        indices,
-        num_tokens_fn=lambda i: int(num_tokens[i]),
-        num_tokens_vec=num_tokens[indices],
-        max_tokens=max_tokens,
-        required_batch_size_multiple=8,
-    )
-    # batch_by_size of this fairseq drops a last batch whose size is not a multiple of 8
-    n_batches = len(batches)
-    per_worker = math.ceil(n_batches / world_size)
-    updates = math.ceil(per_worker / update_freq)
-    return {
-        "sentences": int(len(src_sizes)),
-        "batches": n_batches,
-        "updates_per_epoch": updates,
-        "tokens": int(num_tokens.sum()),
-    }
-
-
-def cmd_updates_per_epoch(args):
-    info = updates_per_epoch(
-        args.data_bin, args.src, args.tgt, args.max_tokens, args.world_size, args.update_freq
-    )
-    print(f"{info['updates_per_epoch']} {info['batches']} {info['sentences']}")
-
-
 # ---------------------------------------------------------------- main
 
 
@@ -467,6 +559,22 @@ def get_parser():
     s.add_argument("--output", required=True)
     s.add_argument("--workers", type=int, default=1)
     s.set_defaults(fn=cmd_tokenize)
+
+    s = sub.add_parser("learn-bpe", help="subword-nmt learn-bpe on the inputs, with progress")
+    s.add_argument("--symbols", type=int, required=True)
+    s.add_argument("--output", required=True)
+    s.add_argument("inputs", nargs="+")
+    s.set_defaults(fn=cmd_learn_bpe)
+
+    s = sub.add_parser("apply-bpe", help="subword-nmt apply-bpe, with progress")
+    s.add_argument("--codes", required=True)
+    s.add_argument("--input", required=True)
+    s.add_argument("--output", required=True)
+    s.add_argument("--workers", type=int, default=1)
+    s.set_defaults(fn=cmd_apply_bpe)
+
+    s = sub.add_parser("tokenizer-version", help="the tokeniser's version (stage marker)")
+    s.set_defaults(fn=lambda a: print(tokenizer_version()))
 
     s = sub.add_parser("detokenize", help="Moses detokenise (sacremoses)")
     s.add_argument("--lang", required=True)
@@ -512,6 +620,7 @@ def get_parser():
     s.add_argument("--results")
     s.add_argument("--merge", action="store_true")
     s.add_argument("--meta", nargs=2, action="append", metavar=("KEY", "VALUE"))
+    s.add_argument("--averaged", nargs="*", default=[], help="the checkpoints averaged")
     s.set_defaults(fn=cmd_score)
 
     s = sub.add_parser("spm-train", help="sentencepiece BPE model (the --bpe sentencepiece option)")
@@ -527,14 +636,6 @@ def get_parser():
     s.add_argument("--output", required=True)
     s.set_defaults(fn=cmd_spm_encode)
 
-    s = sub.add_parser("updates-per-epoch", help="fairseq-train updates per epoch")
-    s.add_argument("--data-bin", required=True)
-    s.add_argument("--src", default="en")
-    s.add_argument("--tgt", default="fr")
-    s.add_argument("--max-tokens", type=int, required=True)
-    s.add_argument("--world-size", type=int, default=1)
-    s.add_argument("--update-freq", type=int, default=1)
-    s.set_defaults(fn=cmd_updates_per_epoch)
     return p
 
 
