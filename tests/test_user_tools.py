@@ -6,6 +6,7 @@ fairseq-interactive on raw text, including an input line longer than the model a
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 from harness import (
+    MLM_COMMON,
+    MLM_TOKENS_PER_SAMPLE,
     REPO_ROOT,
     USER_DIR,
     fairseq_command,
@@ -20,6 +23,7 @@ from harness import (
     parse_valid_loss,
     run,
     shared_data,
+    train_masked_lm,
     translation_train_args,
 )
 
@@ -231,3 +235,132 @@ def test_wrapped_make_batches_gives_fairseq_batches_when_every_line_fits(pipelin
     # a second buffer with a long line in position 1: the remaining ids are 0 and 2
     got = list(wrapped([lines[0], LONG_LINE, lines[1]], cfg, hub.task, limits, encode))
     assert sorted(i for b in got for i in b.ids.tolist()) == [0, 2]
+
+
+# ---------------------------------------------------------------- hub API: encoder-only models
+
+
+@pytest.fixture(scope="module")
+def encoder_only(pipeline):
+    """On the pipeline's Moses-tokenized, BPE'd English/French (its joined dictionary): a
+    realformer_bert_tiny masked LM, and a language-id classifier (English 0 / French 1)."""
+    root, work, data_bin = pipeline["root"], pipeline["root"] / "work", pipeline["data_bin"]
+    srcdict = data_bin / "dict.en.txt"
+
+    def preprocess(trainpref, validpref, dest, extra=()):
+        run([fairseq_command("fairseq-preprocess"), "--only-source", "--trainpref", trainpref,
+             "--validpref", validpref, "--destdir", dest, "--workers", "1", *extra])  # fmt: skip
+
+    mlm_bin = root / "mlm_bin"
+    preprocess(work / "final" / "train.en", work / "final" / "valid.en", mlm_bin,
+               ["--srcdict", srcdict])  # fmt: skip
+    mlm_log = train_masked_lm(mlm_bin, root / "mlm_ckpt", max_update=12)
+
+    raw = root / "cls_raw"
+    raw.mkdir()
+    bpe = {
+        (split, lang): (work / "final" / f"{split}.{lang}").read_text(encoding="utf-8").splitlines()
+        for split in ("train", "valid")
+        for lang in ("en", "fr")
+    }
+    tok = {  # the same lines before BPE, for the hub's encode()
+        lang: (work / "tok" / f"valid.{lang}").read_text(encoding="utf-8").splitlines()
+        for lang in ("en", "fr")
+    }
+    n_train, n_valid = 150, 20
+    rows = {
+        "train": [(x, "0") for x in bpe["train", "en"][:n_train]]
+        + [(x, "1") for x in bpe["train", "fr"][n_train : 2 * n_train]],
+        "valid": [(x, "0") for x in bpe["valid", "en"][:n_valid]]
+        + [(x, "1") for x in bpe["valid", "fr"][n_valid : 2 * n_valid]],
+    }
+    valid_tok = [(x, 0) for x in tok["en"][:n_valid]] + [
+        (x, 1) for x in tok["fr"][n_valid : 2 * n_valid]
+    ]
+    for split, pairs in rows.items():
+        (raw / f"{split}.input0").write_text("".join(p[0] + "\n" for p in pairs), encoding="utf-8")
+        (raw / f"{split}.label").write_text("".join(p[1] + "\n" for p in pairs), encoding="utf-8")
+    cls_bin = root / "cls_bin"
+    preprocess(
+        raw / "train.input0", raw / "valid.input0", cls_bin / "input0", ["--srcdict", srcdict]
+    )
+    preprocess(raw / "train.label", raw / "valid.label", cls_bin / "label")
+    cls_log = run(
+        [
+            fairseq_command("fairseq-train"), cls_bin, "--user-dir", USER_DIR,
+            "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+            "--num-classes", "2", "--classification-head-name", "language_id",
+            "--max-positions", str(MLM_TOKENS_PER_SAMPLE), "--init-token", "0",
+            "--separator-token", "2", "--arch", "realformer_bert_tiny", "--lr", "1e-3",
+            "--warmup-updates", "5", "--max-update", "30", "--validate-interval-updates", "30",
+            "--save-dir", root / "cls_ckpt", *MLM_COMMON,
+        ]  # fmt: skip
+    )
+    return {
+        "mlm_bin": mlm_bin,
+        "mlm_dir": root / "mlm_ckpt",
+        "cls_bin": cls_bin,
+        "cls_dir": root / "cls_ckpt",
+        "cls_log": cls_log,
+        "valid_tok": valid_tok,
+        "bpecodes": data_bin / "bpecodes",
+    }
+
+
+def test_fill_mask_ranks_the_models_own_predictions(encoder_only):
+    from realformer_fairseq.models.realformer_roberta import RealformerRobertaModel
+    from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+
+    bert = RealformerRobertaModel.from_pretrained(
+        str(encoder_only["mlm_dir"]),
+        checkpoint_file="checkpoint_last.pt",
+        data_name_or_path=str(encoder_only["mlm_bin"]),
+        bpe="subword_nmt",
+        bpe_codes=str(encoder_only["bpecodes"]),
+    ).eval()
+    assert isinstance(bert.model, RealformerRobertaModel)
+    assert any(isinstance(m, RealformerMultiheadAttention) for m in bert.model.modules())
+
+    filled = bert.fill_mask("A man in an orange <mask> .", topk=3)
+    assert len(filled) == 3
+    # the same ranking computed by hand from the model's logits at the masked position
+    d = bert.task.source_dictionary
+    text = "<s> " + bert.bpe.encode("A man in an orange") + " <mask> . </s>"
+    tokens = d.encode_line(text, append_eos=False, add_if_not_exist=False).long()
+    position = tokens.tolist().index(bert.task.mask_idx)
+    with torch.no_grad():
+        logits = bert.model(tokens.unsqueeze(0))[0][0, position]
+    probs, ids = logits.softmax(-1).topk(3)
+    for (sentence, prob, word), want_prob, want_id in zip(filled, probs.tolist(), ids.tolist()):
+        want_word = d[want_id].replace("@@", "")
+        assert word == want_word
+        assert prob == pytest.approx(want_prob, abs=1e-6)
+        assert sentence == f"A man in an orange{want_word} ."
+    assert filled[0][1] >= filled[1][1] >= filled[2][1] > 0
+
+
+def test_predict_reproduces_the_validation_accuracy_fairseq_logged(encoder_only):
+    from realformer_fairseq.models.realformer_roberta import RealformerRobertaModel
+
+    clf = RealformerRobertaModel.from_pretrained(
+        str(encoder_only["cls_dir"]),
+        checkpoint_file="checkpoint_last.pt",
+        data_name_or_path=str(encoder_only["cls_bin"]),
+        bpe="subword_nmt",
+        bpe_codes=str(encoder_only["bpecodes"]),
+    ).eval()
+    valid = encoder_only["valid_tok"]
+    assert len(valid) == 40
+    with torch.no_grad():
+        predicted = [
+            int(clf.predict("language_id", clf.encode(line)).argmax(-1)) for line, _ in valid
+        ]
+    accuracy = 100.0 * sum(p == label for p, (_, label) in zip(predicted, valid)) / len(valid)
+    logged = [
+        float(a)
+        for a in re.findall(
+            r"valid on 'valid' subset \| .*?accuracy ([\d.]+)", encoder_only["cls_log"]
+        )
+    ]
+    assert logged and accuracy == pytest.approx(logged[-1], abs=1e-6), (accuracy, logged)
+    assert accuracy >= 90.0  # English vs French is easy even after 30 updates
