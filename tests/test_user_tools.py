@@ -308,6 +308,9 @@ def encoder_only(pipeline):
 
 
 def test_fill_mask_ranks_the_models_own_predictions(encoder_only):
+    from fairseq.models.roberta.hub_interface import RobertaHubInterface
+
+    from realformer_fairseq.models.hub_interface import RealformerRobertaHubInterface
     from realformer_fairseq.models.realformer_roberta import RealformerRobertaModel
     from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
 
@@ -318,6 +321,7 @@ def test_fill_mask_ranks_the_models_own_predictions(encoder_only):
         bpe="subword_nmt",
         bpe_codes=str(encoder_only["bpecodes"]),
     ).eval()
+    assert isinstance(bert, RealformerRobertaHubInterface)
     assert isinstance(bert.model, RealformerRobertaModel)
     assert any(isinstance(m, RealformerMultiheadAttention) for m in bert.model.modules())
 
@@ -335,8 +339,13 @@ def test_fill_mask_ranks_the_models_own_predictions(encoder_only):
         want_word = d[want_id].replace("@@", "")
         assert word == want_word
         assert prob == pytest.approx(want_prob, abs=1e-6)
-        assert sentence == f"A man in an orange{want_word} ."
+        # fairseq 0.12.3 alone gives f"A man in an orange{want_word} ." (GPT-2 spacing)
+        assert sentence == f"A man in an orange {want_word} ."
     assert filled[0][1] >= filled[1][1] >= filled[2][1] > 0
+    # fairseq's own fill_mask: same words and probabilities, the word glued to "orange"
+    fairseq_filled = RobertaHubInterface.fill_mask(bert, "A man in an orange <mask> .", topk=3)
+    assert [(p, w) for _, p, w in fairseq_filled] == [(p, w) for _, p, w in filled]
+    assert [s for s, _, _ in fairseq_filled] == [f"A man in an orange{w} ." for _, _, w in filled]
 
 
 def test_predict_reproduces_the_validation_accuracy_fairseq_logged(encoder_only):
