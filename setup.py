@@ -15,12 +15,15 @@ setup(
     long_description=long_description,
     long_description_content_type="text/markdown",
     license="MIT",
-    python_requires=">=3.10",
+    # a fairseq 0.12 build that works exists for 3.10 (official fairseq 0.12.2, sdist) and
+    # 3.11-3.12 (ve-fairseq wheels); none for 3.13 (see README, "Python versions")
+    python_requires=">=3.10,<3.13",
     packages=find_packages(include=["realformer_fairseq", "realformer_fairseq.*"]),
     install_requires=[
-        # fairseq 0.12.2 does not import on Python 3.11; ve-fairseq is the same
-        # code base as a prebuilt wheel (see README, "Choice of fairseq").
-        "ve-fairseq==0.12.3",
+        # fairseq 0.12.2 does not import on Python 3.11+; ve-fairseq is the same code
+        # base as prebuilt cp311/cp312 wheels (see README, "Choice of fairseq").
+        've-fairseq==0.12.3; python_version >= "3.11" and python_version < "3.13"',
+        'fairseq==0.12.2; python_version < "3.11"',
         # 2.13.0 (the CPU wheel on the build machines) must satisfy this range.
         "torch>=2.1,<2.15",
         # fairseq 0.12 uses np.compat.long / np.int, which numpy 2 removed; checkpoint_compat
@@ -31,6 +34,9 @@ setup(
         "sacremoses==0.2.0",
         "subword-nmt>=0.3.8",
         "matplotlib>=3.5",
+        # --tensorboard-logdir: fairseq 0.12 writes with torch.utils.tensorboard, which needs
+        # this package (without it fairseq only logs "tensorboard not found" and trains on)
+        "tensorboard>=2.10",
     ],
     extras_require={
         "test": ["pytest>=7", "pytest-timeout>=2"],

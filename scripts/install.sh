@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment and install the plugin.
-# usage: bash scripts/install.sh [VENV_DIR]   (default: .venv in the repository root)
+# usage: [PYTHON=python3.X] bash scripts/install.sh [VENV_DIR]   (default: .venv in the repository
+# root, made with $PYTHON, default python3)
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${1:-$root/.venv}"
 
 if [[ ! -x "$venv/bin/python" ]]; then
-    python3 -m venv "$venv"
+    # one line, before anything is installed, where no fairseq 0.12 build works (setup.py's
+    # python_requires says the same to pip)
+    "${PYTHON:-python3}" -c 'import sys; v = sys.version_info[:2]; (3, 10) <= v < (3, 13) or sys.exit(
+        f"install.sh: error: Python {v[0]}.{v[1]} has no working fairseq 0.12 build; "
+        "use Python 3.11 or 3.12 (3.10 compiles fairseq 0.12.2), e.g. PYTHON=python3.11")'
+    "${PYTHON:-python3}" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
 

@@ -11,7 +11,8 @@ The model is fairseq's :class:`RobertaModel` with one hook changed:
 ``RobertaEncoder.build_encoder`` returns a :class:`RealformerTransformerEncoder`
 (which threads the encoder score stream). Everything else (LM head,
 classification heads, ``--restore-file`` of an MLM checkpoint into a
-``sentence_prediction`` run, hub interface) is fairseq's.
+``sentence_prediction`` run, hub interface) is fairseq's; ``from_pretrained`` returns fairseq's
+hub interface with ``fill_mask`` spacing fixed for subword-nmt BPE (``models/hub_interface.py``).
 
 Architectures ``realformer_bert_*`` (Post-LN + residual attention, the paper's
 system), ``postln_bert_*`` (Post-LN BERT baseline) and ``preln_bert_*`` (Pre-LN
@@ -118,6 +119,15 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
             model_name=f"--arch {utils.safe_getattr(args, 'arch', None) or args._name}",
         )
         return model
+
+    @classmethod
+    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", **kwargs):
+        """fairseq's ``RobertaModel.from_pretrained`` (same arguments: ``data_name_or_path``,
+        ``bpe``, ``bpe_codes``, ...), returning a :class:`RealformerRobertaHubInterface`."""
+        from .hub_interface import RealformerRobertaHubInterface
+
+        hub = super().from_pretrained(model_name_or_path, checkpoint_file, **kwargs)
+        return RealformerRobertaHubInterface(hub.cfg, hub.task, hub.model)
 
     def forward(
         self,
