@@ -4,8 +4,11 @@ of the 60L-12L archs (overridden to 2L-2L), speed rows for fp16 and bf16 at two 
 
 import json
 import math
+import subprocess
 import sys
 
+import pytest
+import torch
 from harness import REPO_ROOT, run
 
 SCRIPT = REPO_ROOT / "scripts" / "gpu_check.py"
@@ -41,3 +44,14 @@ def test_gpu_check_smoke(tmp_path):
             assert math.isfinite(row[key]) and row[key] > 0, (name, key)
         assert set(row["train_wps"]) == {"vanilla", "realformer"}
         assert row["peak_memory_bytes"]["realformer"] > row["peak_memory_bytes"]["vanilla"] > 0
+
+
+def test_gpu_check_refuses_full_run_without_cuda():
+    """Without a GPU the full check stops at once with an argparse error."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: run the full check instead")
+    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1].endswith(
+        "no CUDA device; use --smoke for the CPU smoke run"
+    )
