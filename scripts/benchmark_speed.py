@@ -58,6 +58,7 @@ RATIOS = [
     ("realformer", "vanilla_eager"),
     ("realformer", "admin"),  # cost of residual attention
     ("admin", "postln"),  # cost of ADMIN
+    ("admin", "vanilla"),  # the same where postln is not run (postln = vanilla's computation)
     ("postln", "vanilla"),
 ]
 TARGETS = {  # realformer/vanilla, per config

@@ -17,6 +17,7 @@ RATIOS = (
     "realformer/vanilla_eager",
     "realformer/admin",
     "admin/postln",
+    "admin/vanilla",
     "postln/vanilla",
 )
 
