@@ -101,7 +101,7 @@ class AdminResidual(nn.Module):
             scaled = residual * self.omega()
             self.profiler.update(self.chain, self.profile_name, value, scaled, x)
             return scaled + x
-        return residual * self.omega() + x
+        return torch.addcmul(x, residual, self.omega())
 
     def extra_repr(self) -> str:
         return f"admin={self.admin}, chain={self.chain}"

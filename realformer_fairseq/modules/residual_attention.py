@@ -151,9 +151,9 @@ class RealformerMultiheadAttention(MultiheadAttention):
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
 
-        # raw scores of this layer plus the stream so far, in float32
+        # raw scores of this layer plus the stream so far: the stream is at least float32
+        # (float64 stays float64); the sum is added in place into this layer's fresh product
         raw_scores = torch.bmm(q, k.transpose(1, 2))  # (bsz*heads, tgt_len, src_len)
-        # the stream is at least float32 (float64 stays float64)
         attn_scores = raw_scores.to(torch.promote_types(raw_scores.dtype, torch.float32))
         if prev_attn_scores is not None:
             if prev_attn_scores.shape != attn_scores.shape:
@@ -163,20 +163,21 @@ class RealformerMultiheadAttention(MultiheadAttention):
                     f"{tuple(attn_scores.shape)} (bsz*heads, tgt_len, src_len); "
                     "all layers of a chain need the same number of heads"
                 )
-            attn_scores = attn_scores + prev_attn_scores.to(attn_scores.dtype)
+            attn_scores.add_(prev_attn_scores.to(attn_scores.dtype))
 
         # the softmax input: a masked copy, never the stream itself
         logits = attn_scores
-        if self.residual_attention_mode == "mean":
+        if self.residual_attention_mode == "mean" and layer_idx > 0:
             logits = logits / float(layer_idx + 1)
         if attn_mask is not None:
             # (tgt_len, src_len), additive float (fairseq uses -inf or -1e8)
             logits = logits + attn_mask.to(logits.dtype).clamp(min=_MASK_VALUE).unsqueeze(0)
         if key_padding_mask is not None:
-            logits = logits.view(bsz, self.num_heads, tgt_len, src_len).masked_fill(
+            if logits is attn_scores:
+                logits = logits.clone()
+            logits.view(bsz, self.num_heads, tgt_len, src_len).masked_fill_(
                 key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), _MASK_VALUE
             )
-            logits = logits.view(bsz * self.num_heads, tgt_len, src_len)
 
         attn_weights_float = torch.softmax(logits, dim=-1)
         attn_probs = self.dropout_module(attn_weights_float.type_as(raw_scores))

@@ -1,0 +1,163 @@
+"""The models that the speed benchmarks measure, and their batches.
+
+He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747);
+Liu et al., "Understanding the Difficulty of Training Transformers" (arXiv 2004.08249).
+
+Every model is built in this process through fairseq's own argument parsing of a registered
+``--arch`` (fairseq's ``transformer``, the plugin's ``realformer_transformer``,
+``postln_transformer_*``, ``admin_transformer_*``) with every size given explicitly, on a dummy
+dictionary. Used by ``benchmark_speed.py`` (CPU) and ``gpu_check.py`` (GPU, fp16/bf16).
+"""
+
+from pathlib import Path
+from typing import Dict
+
+import torch
+
+# variant -> (arch, force fairseq's eager attention path)
+VARIANTS = {
+    "vanilla": ("transformer", False),
+    "vanilla_eager": ("transformer", True),
+    "realformer": ("realformer_transformer", False),
+    "postln": ("postln_transformer_tiny", False),
+    "admin": ("admin_transformer_tiny", False),
+}
+
+
+def dummy_dictionary(vocab: int):
+    from fairseq.data import Dictionary
+
+    dictionary = Dictionary()
+    for i in range(vocab - len(dictionary)):
+        dictionary.add_symbol(f"w{i}")
+    return dictionary
+
+
+def build(arch: str, sizes: Dict, dictionary, seed: int = 1):
+    """Model and criterion from fairseq's own argument parsing of ``--arch arch``."""
+    from fairseq import options
+    from fairseq.tasks.translation import TranslationTask
+
+    import realformer_fairseq
+
+    user_dir = str(Path(realformer_fairseq.__file__).resolve().parent)
+    parser = options.get_training_parser(default_task="translation")
+    argv = [
+        "unused-data-dir", "--user-dir", user_dir, "--task", "translation", "--arch", arch,
+        "--encoder-layers", str(sizes["enc_layers"]), "--decoder-layers", str(sizes["dec_layers"]),
+        "--encoder-embed-dim", str(sizes["width"]), "--decoder-embed-dim", str(sizes["width"]),
+        "--encoder-ffn-embed-dim", str(sizes["ffn"]), "--decoder-ffn-embed-dim", str(sizes["ffn"]),
+        "--encoder-attention-heads", str(sizes["heads"]),
+        "--decoder-attention-heads", str(sizes["heads"]),
+        "--share-all-embeddings", "--dropout", "0.1",
+        "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+        "--optimizer", "adam", "--seed", str(seed),
+        "--max-source-positions", "1024", "--max-target-positions", "1024",
+    ]  # fmt: skip
+    args = options.parse_args_and_arch(parser, input_args=argv)
+    task = TranslationTask(args, dictionary, dictionary)
+    torch.manual_seed(seed)
+    return task.build_model(args), task.build_criterion(args)
+
+
+def force_eager_attention(model):
+    """Every fairseq ``MultiheadAttention`` on fairseq's own bmm/softmax path, as the
+    residual module is, instead of ``F.multi_head_attention_forward``."""
+    from fairseq.modules import MultiheadAttention
+
+    modules = [m for m in model.modules() if isinstance(m, MultiheadAttention)]
+    if not modules:
+        raise RuntimeError("no MultiheadAttention to force onto the eager path")
+    for module in modules:
+        module._set_skip_embed_dim_check()
+    return model
+
+
+def make_batch(
+    dictionary, bsz: int, src_len: int, tgt_len: int, seed: int, device: str = "cpu"
+) -> Dict:
+    """Random tokens; sources left-padded to lengths in [0.75, 1] x src_len."""
+    g = torch.Generator().manual_seed(seed)
+    low, high = dictionary.nspecial, len(dictionary)
+    lengths = torch.randint(max(2, int(0.75 * src_len)), src_len + 1, (bsz,), generator=g)
+    lengths[0] = src_len
+    src = torch.full((bsz, src_len), dictionary.pad(), dtype=torch.long)
+    for i, n in enumerate(lengths.tolist()):
+        src[i, src_len - n :] = torch.randint(low, high, (n,), generator=g)
+        src[i, -1] = dictionary.eos()
+    tgt = torch.randint(low, high, (bsz, tgt_len), generator=g)
+    tgt[:, -1] = dictionary.eos()
+    prev = torch.cat([torch.full((bsz, 1), dictionary.eos()), tgt[:, :-1]], dim=1)
+    return {
+        "id": torch.arange(bsz, device=device),
+        "nsentences": bsz,
+        "ntokens": int(tgt.numel()),
+        "net_input": {
+            "src_tokens": src.to(device),
+            "src_lengths": lengths.to(device),
+            "prev_output_tokens": prev.to(device),
+        },
+        "target": tgt.to(device),
+    }
+
+
+class Bench:
+    """One variant on one device and dtype: model, criterion, Adam, beam-search generator.
+
+    In half precision the model runs in ``dtype`` and Adam updates float32 master copies of
+    the parameters, as fairseq's ``--fp16``/``--bf16`` optimizer does (without loss scaling:
+    the values do not matter here, the work does)."""
+
+    def __init__(
+        self, name: str, sizes: Dict, dictionary, beam: int = 5, device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ):  # fmt: skip
+        self.name, (self.arch, eager) = name, VARIANTS[name]
+        self.model, self.criterion = build(self.arch, sizes, dictionary)
+        if eager:
+            force_eager_attention(self.model)
+        self.model.to(device=device, dtype=dtype)
+        self.params_in_dtype = list(self.model.parameters())
+        self.params = sum(p.numel() for p in self.params_in_dtype)
+        self.param_bytes = sum(p.numel() * p.element_size() for p in self.params_in_dtype)
+        self.master = self.params_in_dtype
+        if dtype != torch.float32:
+            self.master = [p.detach().float().requires_grad_() for p in self.params_in_dtype]
+        self.optimizer = torch.optim.Adam(self.master, lr=1e-5, foreach=False)
+        # weights, float32 master copies in half precision, Adam's two float32 moments
+        master_bytes = 0 if self.master is self.params_in_dtype else 4 * self.params
+        self.persistent_bytes = self.param_bytes + master_bytes + 2 * 4 * self.params
+        self.dictionary, self.beam, self.generators = dictionary, beam, {}
+
+    def train_step(self, sample):
+        self.model.train()
+        loss, _, _ = self.criterion(self.model, sample)
+        loss.backward()
+        has_master_copy = self.master is not self.params_in_dtype
+        if has_master_copy:
+            for master, p in zip(self.master, self.params_in_dtype):
+                master.grad = None if p.grad is None else p.grad.float()
+                p.grad = None
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if has_master_copy:
+            with torch.no_grad():
+                for master, p in zip(self.master, self.params_in_dtype):
+                    p.copy_(master)
+        return loss.detach()
+
+    def generate(self, sample, length: int):
+        """Beam search with the output length pinned to ``length`` (``min_len = max_len``), so
+        that every variant decodes the same number of steps, even with random weights."""
+        from fairseq.sequence_generator import SequenceGenerator
+
+        if length not in self.generators:
+            self.generators[length] = SequenceGenerator(
+                [self.model], self.dictionary, beam_size=self.beam, max_len_a=0,
+                max_len_b=length, min_len=length,
+            )  # fmt: skip
+        self.model.eval()
+        hypos = self.generators[length].generate([self.model], sample)
+        if {len(h[0]["tokens"]) for h in hypos} != {length + 1}:
+            raise RuntimeError(f"{self.name}: generated length is not the pinned {length}")
+        return hypos

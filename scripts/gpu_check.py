@@ -1,0 +1,240 @@
+#!/usr/bin/env python
+"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, in under 8 minutes.
+
+He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747);
+Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.07772).
+
+1. Builds a small data-bin offline from ``../shared/data/enfr`` (the Moses-tokenised
+   newstest2012-14 of ``moses_reference``, a small joint BPE, ``fairseq-preprocess``), then runs
+   ``fairseq-train --fp16`` for ``realformer_wmt_en_fr_60_12`` and
+   ``admin_transformer_wmt_en_fr_60_12`` the same way (ADMIN profiling, RAdam, ~300 updates) and
+   checks: the ADMIN profiling line, finite omega, falling loss, and no more fp16 overflow skips
+   for RealFormer than for ADMIN alone.
+2. Training target words/s and peak memory of RealFormer+ADMIN (``realformer``) against fairseq's
+   ``transformer`` (``vanilla``) at 6L-6L and 60L-12L (d512), fp16 and bf16, 5000-token batches
+   of sentence lengths 32 and 128, interleaved in one process (``bench_measure``);
+3. beam-5 generation sentences/s of the same pairs.
+
+Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 1
+fails. ``--smoke`` runs the same code on CPU at toy sizes (the default test suite does).
+
+usage:
+    python scripts/gpu_check.py [--out gpu_check.json] [--work-dir work_dirs/gpu_check]
+    python scripts/gpu_check.py --smoke --out /tmp/smoke.json --work-dir /tmp/smoke
+"""
+
+import argparse
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
+from bench_models import Bench, dummy_dictionary, make_batch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("REALFORMER_SHARED_DATA", REPO_ROOT.parent / "shared" / "data" / "enfr"))
+BIN = Path(sys.executable).parent
+MODELS_60_12 = ("realformer_wmt_en_fr_60_12", "admin_transformer_wmt_en_fr_60_12")
+
+FULL = dict(
+    corpora=("newstest2012", "newstest2013", "newstest2014"), max_lines=None, bpe_merges=4000,
+    train_overrides=[], max_update=300, max_tokens=5000, warmup=100, log_interval=10, device="cuda",
+    sizes={"6L-6L d512": dict(enc_layers=6, dec_layers=6, width=512, ffn=2048, heads=8),
+           "60L-12L d512": dict(enc_layers=60, dec_layers=12, width=512, ffn=2048, heads=8)},
+    vocab=8000, lengths=(32, 128), batch_tokens=5000, gen_sentences=64, repeats=3, steps=3,
+)  # fmt: skip
+SMOKE = dict(
+    FULL, corpora=("newstest2013",), max_lines=600, bpe_merges=100, max_update=20,
+    train_overrides=["--encoder-layers", "2", "--decoder-layers", "2", "--encoder-embed-dim", "32",
+                    "--decoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+                    "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
+                    "--decoder-attention-heads", "2", "--cpu",
+                    "--fp16-no-flatten-grads"],  # fairseq's flat fp32 copy needs CUDA
+    max_tokens=300, warmup=5, log_interval=4, device="cpu",
+    sizes={"2L-2L d32": dict(enc_layers=2, dec_layers=2, width=32, ffn=64, heads=2)},
+    vocab=100, lengths=(8, 16), batch_tokens=64, gen_sentences=2, repeats=1, steps=1,
+)  # fmt: skip
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def run(cmds, logs):
+    """Run commands side by side; each one's output goes to its log, returned in order."""
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    procs = []
+    for cmd, log in zip(cmds, logs):
+        with open(log, "w", encoding="utf-8") as out:
+            procs.append(subprocess.Popen([str(c) for c in cmd], stdout=out,
+                                          stderr=subprocess.STDOUT, env=env))  # fmt: skip
+    for cmd, log, proc in zip(cmds, logs, procs):
+        if proc.wait() != 0:
+            raise RuntimeError(f"{cmd[0]} failed (exit {proc.returncode}), see {log}")
+    return [Path(log).read_text(encoding="utf-8") for log in logs]
+
+
+def prepare_data(cfg, work: Path) -> Path:
+    """Moses-tokenised newstest text + joint BPE + fairseq-preprocess, cached in ``work``."""
+    from subword_nmt.apply_bpe import BPE
+    from subword_nmt.learn_bpe import learn_bpe
+
+    data_bin = work / "data-bin"
+    if (data_bin / "train.en-fr.fr.bin").exists():
+        return data_bin
+    work.mkdir(parents=True, exist_ok=True)
+    text = {}
+    for lang in ("en", "fr"):
+        lines = []
+        for corpus in cfg["corpora"]:
+            path = DATA / "moses_reference" / f"{corpus}.train-tok.{lang}"
+            lines += path.read_text(encoding="utf-8").splitlines()[: cfg["max_lines"]]
+        text[lang] = [line.lower() for line in lines]
+    codes = work / "bpe.codes"
+    with open(codes, "w", encoding="utf-8") as out:
+        learn_bpe(text["en"] + text["fr"], out, cfg["bpe_merges"], min_frequency=2)
+    with open(codes, encoding="utf-8") as fh:
+        bpe = BPE(fh)
+    for lang, lines in text.items():
+        (work / f"train.bpe.{lang}").write_text(
+            "".join(bpe.process_line(line) + "\n" for line in lines), encoding="utf-8"
+        )
+    run([[BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "fr",
+         "--trainpref", work / "train.bpe", "--destdir", data_bin, "--joined-dictionary",
+         "--workers", "4"]], [work / "preprocess.log"])  # fmt: skip
+    return data_bin
+
+
+def train_command(cfg, data_bin: Path, arch: str, out: Path):
+    import realformer_fairseq
+
+    return [
+        BIN / "fairseq-train", data_bin, "--user-dir", Path(realformer_fairseq.__file__).parent,
+        "--task", "translation", "--arch", arch, *cfg["train_overrides"], "--share-all-embeddings",
+        "--init-type", "admin", "--admin-profile-out", out / "omega.json", "--fp16",
+        "--optimizer", "radam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
+        "--lr", "0.001", "--lr-scheduler", "inverse_sqrt", "--warmup-updates", str(cfg["warmup"]),
+        "--warmup-init-lr", "1e-07", "--criterion", "label_smoothed_cross_entropy",
+        "--label-smoothing", "0.1", "--max-tokens", str(cfg["max_tokens"]),
+        "--max-update", str(cfg["max_update"]), "--disable-validation", "--no-save",
+        "--log-format", "json", "--log-interval", str(cfg["log_interval"]), "--num-workers", "0",
+        "--seed", "1",
+    ]  # fmt: skip
+
+
+def check_training(log: str, omega_json: Path) -> dict:
+    """What one ``fairseq-train --fp16`` log shows: ADMIN line, omega, losses, overflow skips."""
+    losses = [float(json.loads(m)["loss"]) for m in re.findall(r"\| train_inner \| (\{.*\})", log)]
+    omega = (
+        list(json.loads(omega_json.read_text())["omega"].values()) if omega_json.exists() else []
+    )
+    first, last = (losses[0], sum(losses[-3:]) / len(losses[-3:])) if losses else (None, None)
+    return {
+        "admin_line_seen": "ADMIN profiling done on the first training batch" in log,
+        "omega_count": len(omega),
+        "omega_finite": bool(omega) and all(math.isfinite(w) and w > 0 for w in omega),
+        "losses": losses,
+        "loss_fell": bool(losses) and len(losses) >= 2 and last < first,
+        "overflow_skips": log.count("gradient overflow detected"),
+    }
+
+
+def training_part(cfg, work: Path) -> dict:
+    t0 = time.time()
+    data_bin = prepare_data(cfg, work)
+    result = {"data_seconds": round(time.time() - t0, 1), "runs": {}}
+    outs = [work / arch for arch in MODELS_60_12]
+    for out in outs:
+        out.mkdir(parents=True, exist_ok=True)
+    t1 = time.time()  # both runs side by side: the GPU has room for two
+    logs = run([train_command(cfg, data_bin, arch, out) for arch, out in zip(MODELS_60_12, outs)],
+               [out / "train.log" for out in outs])  # fmt: skip
+    result["train_seconds"] = round(time.time() - t1, 1)
+    for arch, out, log in zip(MODELS_60_12, outs, logs):
+        result["runs"][arch] = check_training(log, out / "omega.json")
+    real, admin = (result["runs"][a] for a in MODELS_60_12)
+    result["checks"] = {
+        "admin_line_seen": real["admin_line_seen"] and admin["admin_line_seen"],
+        "omega_finite": real["omega_finite"] and admin["omega_finite"],
+        "loss_fell": real["loss_fell"] and admin["loss_fell"],
+        "overflow_skips_not_above_admin": real["overflow_skips"] <= admin["overflow_skips"],
+    }
+    return result
+
+
+def speed_part(cfg) -> dict:
+    """realformer vs vanilla per size, dtype and sentence length, interleaved."""
+    device, rows = cfg["device"], {}
+    dictionary = dummy_dictionary(cfg["vocab"])
+    for size_name, sizes in cfg["sizes"].items():
+        for dtype_name, dtype in DTYPES.items():
+            benches = {v: Bench(v, sizes, dictionary, beam=5, device=device, dtype=dtype)
+                       for v in ("vanilla", "realformer")}  # fmt: skip
+            for length in cfg["lengths"]:
+                bsz = max(1, cfg["batch_tokens"] // length)
+                train = make_batch(dictionary, bsz, length, length, seed=1, device=device)
+                gen = make_batch(dictionary, min(bsz, cfg["gen_sentences"]), length, length,
+                                 seed=2, device=device)  # fmt: skip
+                for bench in benches.values():  # warm-up; ADMIN profiles on the first step
+                    bench.train_step(train)
+                    bench.generate(gen, length)
+                memory = {v: peak_bytes(lambda b=b: b.train_step(train), device) + b.persistent_bytes
+                          for v, b in benches.items()}  # fmt: skip
+                wps = interleaved_rates(
+                    {v: (lambda b=b: b.train_step(train)) for v, b in benches.items()},
+                    {v: train["ntokens"] for v in benches}, cfg["repeats"], cfg["steps"], device,
+                )  # fmt: skip
+                sps = interleaved_rates(
+                    {v: (lambda b=b: b.generate(gen, length)) for v, b in benches.items()},
+                    {v: gen["nsentences"] for v in benches}, cfg["repeats"], 1, device,
+                )  # fmt: skip
+                rows[f"{size_name} {dtype_name} len{length}"] = {
+                    "train_wps": wps, "gen_sents_per_s": sps, "peak_memory_bytes": memory,
+                    "batch_sentences": bsz,
+                    "ratio_train_wps": ratio_of_rates(wps, "realformer", "vanilla")["median"],
+                    "ratio_gen_sents_per_s": ratio_of_rates(sps, "realformer", "vanilla")["median"],
+                    "ratio_peak_memory": memory["realformer"] / memory["vanilla"],
+                }  # fmt: skip
+            del benches
+            if device.startswith("cuda"):
+                torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--smoke", action="store_true", help="CPU, toy sizes: the same code path")
+    p.add_argument("--out", type=Path, default=Path("gpu_check.json"))
+    p.add_argument("--work-dir", type=Path, default=REPO_ROOT / "work_dirs" / "gpu_check")
+    p.add_argument("--parts", nargs="+", choices=("train", "speed"), default=["train", "speed"])
+    args = p.parse_args(argv)
+    cfg = SMOKE if args.smoke else FULL
+    if not args.smoke and not torch.cuda.is_available():
+        p.error("no CUDA device; use --smoke for the CPU smoke run")
+    torch.manual_seed(0)
+    t0 = time.time()
+    report = {"smoke": args.smoke, "machine": machine_info()}
+    if "train" in args.parts:
+        report["training"] = training_part(cfg, args.work_dir)
+    if "speed" in args.parts:
+        report["speed"] = speed_part(cfg)
+    report["wall_seconds"] = round(time.time() - t0, 1)
+    args.out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+
+    print("| size, dtype, length | train words/s | peak memory | generation sents/s |")
+    print("|---|---|---|---|")
+    for name, row in report.get("speed", {}).items():
+        print(f"| {name} | {row['ratio_train_wps']:.3f} | {row['ratio_peak_memory']:.3f} "
+              f"| {row['ratio_gen_sents_per_s']:.3f} |")  # fmt: skip
+    checks = report.get("training", {}).get("checks", {})
+    for name, ok in checks.items():
+        print(f"{'PASS' if ok else 'FAIL'} {name}")
+    print(f"wrote {args.out} in {report['wall_seconds']:.0f}s")
+    return 0 if all(checks.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
