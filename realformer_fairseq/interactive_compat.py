@@ -13,7 +13,8 @@ skipped with one warning that names its input line and its ``S-/H-/D-`` id, its 
 limit; every other line is translated as before, in order, under its own id (so the id of a
 skipped line is missing from the output: join hypotheses to inputs on the id). Batches of lines
 that fit are fairseq's own (tested). Nothing changes when ``fairseq_cli.interactive`` is not the
-running command.
+running command. In a Python process that imported the plugin *before* ``fairseq_cli.interactive``
+(and then calls its ``cli_main``), call :func:`install` once more after that import.
 """
 
 import functools
