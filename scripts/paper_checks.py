@@ -63,9 +63,10 @@ def tokenize(line: str) -> str:
 
 def prepare_mlm_data(data_root: Path, work: Path, n_valid: int, n_analysis: int, merges: int):
     """Shuffle (seed 0) and split Tatoeba English; BPE; fairseq-preprocess --only-source."""
+    import io
+
     from subword_nmt.apply_bpe import BPE
     from subword_nmt.learn_bpe import learn_bpe
-    import io
 
     data_bin = work / "mlm-bin"
     if (data_bin / "valid.bin").exists():
