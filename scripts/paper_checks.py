@@ -192,15 +192,16 @@ def attention_stats(ckpt: Path, inp: Path, out: Path, data: Path, cfg, target: P
 
 def load_attn(out: Path) -> Dict:
     stats = json.loads((out / "attention_stats.json").read_text(encoding="utf-8"))
-    return {
+    res = {
         chain: {
             "entropy_per_layer": s["entropy"]["per_layer"],
             "js_per_layer": s["js_divergence"]["per_layer"],
             "num_queries": s["num_queries"],
         }
         for chain, s in stats["chains"].items()
-    } | {"plots": [str(Path(p).relative_to(REPO_ROOT)) if REPO_ROOT in Path(p).parents else p
-                   for p in stats["plots"]]}  # fmt: skip
+    }
+    res["plots"] = [os.path.relpath(p, REPO_ROOT) for p in stats["plots"]]
+    return res
 
 
 # ---------------------------------------------------------------------------
