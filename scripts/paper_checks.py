@@ -139,7 +139,11 @@ def parse_mlm_log(text: str):
     for m in re.finditer(r"\| valid \| (\{.*\})", text):
         s = json.loads(m.group(1))
         u = int(float(s["valid_num_updates"]))
-        curve[u] = {"update": u, "loss": float(s["valid_loss"]), "accuracy": float(s["valid_accuracy"])}
+        curve[u] = {
+            "update": u,
+            "loss": float(s["valid_loss"]),
+            "accuracy": float(s["valid_accuracy"]),
+        }
     train = [json.loads(m.group(1)) for m in re.finditer(r"\| train_inner \| (\{.*\})", text)]
     ups = [float(t["ups"]) for t in train if "ups" in t]
     return [curve[k] for k in sorted(curve)], (statistics.median(ups) if ups else None)
@@ -162,29 +166,61 @@ def run_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[D
     curve, ups = parse_mlm_log(text)
     diverged = failed is not None or not curve or not all(math.isfinite(p["loss"]) for p in curve)
     result = {
-        "variant": label, "arch": arch, "size": cfg.size, "seed": seed, "lr": lr,
-        "max_update": cfg.max_update, "valid_curve": curve,
+        "variant": label,
+        "arch": arch,
+        "size": cfg.size,
+        "seed": seed,
+        "lr": lr,
+        "max_update": cfg.max_update,
+        "valid_curve": curve,
         "final_valid_loss": curve[-1]["loss"] if curve else float("nan"),
         "final_valid_accuracy": curve[-1]["accuracy"] if curve else float("nan"),
         "completed_updates": curve[-1]["update"] if curve else 0,
-        "diverged": diverged, "error": failed, "median_ups": ups,
+        "diverged": diverged,
+        "error": failed,
+        "median_ups": ups,
         "train_seconds": round(time.time() - start, 1),
-    }  # fmt: skip
+    }
     if (run_dir / "checkpoint_last.pt").exists() and not diverged:
-        attention_stats(run_dir / "checkpoint_last.pt", cfg.work_dir / "analysis.packed.bpe",
-                        run_dir / "attn", data_bin, cfg)  # fmt: skip
+        attention_stats(
+            run_dir / "checkpoint_last.pt",
+            cfg.work_dir / "analysis.packed.bpe",
+            run_dir / "attn",
+            data_bin,
+            cfg,
+        )
         result["attention"] = load_attn(run_dir / "attn")
     write_atomic(result_file, json.dumps(result, indent=1))
-    log.info("%s lr %g seed %d: valid loss %.3f acc %.2f (%.0fs, %.2f ups)", label, lr, seed,
-             result["final_valid_loss"], result["final_valid_accuracy"],
-             result["train_seconds"], ups or 0)  # fmt: skip
+    log.info(
+        "%s lr %g seed %d: valid loss %.3f acc %.2f (%.0fs, %.2f ups)",
+        label,
+        lr,
+        seed,
+        result["final_valid_loss"],
+        result["final_valid_accuracy"],
+        result["train_seconds"],
+        ups or 0,
+    )
     return result
 
 
 def attention_stats(ckpt: Path, inp: Path, out: Path, data: Path, cfg, target: Path = None):
-    cmd = [convergence.fairseq_command("realformer-attention-stats"), "--path", ckpt,
-           "--input", inp, "--out-dir", out, "--data", data, "--cpu",
-           "--max-lines", cfg.attn_lines, "--max-plot-points", "20000"]  # fmt: skip
+    cmd = [
+        convergence.fairseq_command("realformer-attention-stats"),
+        "--path",
+        ckpt,
+        "--input",
+        inp,
+        "--out-dir",
+        out,
+        "--data",
+        data,
+        "--cpu",
+        "--max-lines",
+        cfg.attn_lines,
+        "--max-plot-points",
+        "20000",
+    ]
     if target:
         cmd += ["--target", target]
     run(cmd, out.with_suffix(".log"))
@@ -214,16 +250,38 @@ def run_nmt(cfg) -> Optional[Dict]:
     if done.exists():
         return json.loads(done.read_text(encoding="utf-8"))
     work = out / "work"
-    argv = [sys.executable, REPO_ROOT / "scripts" / "convergence.py", "--work-dir", work,
-            "--out", out, "--variants", "ADMIN", "RealFormer+ADMIN", "--seeds", "1",
-            "--max-update", cfg.nmt_updates, "--valid-every", max(cfg.nmt_updates // 4, 1),
-            "--jobs", "2", "--keep-checkpoints"]  # fmt: skip
+    argv = [
+        sys.executable,
+        REPO_ROOT / "scripts" / "convergence.py",
+        "--work-dir",
+        work,
+        "--out",
+        out,
+        "--variants",
+        "ADMIN",
+        "RealFormer+ADMIN",
+        "--seeds",
+        "1",
+        "--max-update",
+        cfg.nmt_updates,
+        "--valid-every",
+        max(cfg.nmt_updates // 4, 1),
+        "--jobs",
+        "2",
+        "--keep-checkpoints",
+    ]
     run(argv, out.with_suffix(".log"))
     res = {}
     for label, prefix in (("ADMIN", "admin_transformer"), ("RealFormer+ADMIN", "realformer")):
         run_dir = work / "runs" / f"{prefix}_seed1"
-        attention_stats(run_dir / "checkpoint_last.pt", work / "bpe" / "test.en", run_dir / "attn",
-                        work / "data-bin", cfg, target=work / "bpe" / "test.fr")  # fmt: skip
+        attention_stats(
+            run_dir / "checkpoint_last.pt",
+            work / "bpe" / "test.en",
+            run_dir / "attn",
+            work / "data-bin",
+            cfg,
+            target=work / "bpe" / "test.fr",
+        )
         res[label] = load_attn(run_dir / "attn")
     write_atomic(done, json.dumps(res, indent=1))
     return res
@@ -237,8 +295,11 @@ def mean_std(vals):
     vals = [v for v in vals if v is not None and math.isfinite(v)]
     if not vals:
         return {"mean": None, "std": None, "n": 0}
-    return {"mean": statistics.fmean(vals), "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-            "n": len(vals)}  # fmt: skip
+    return {
+        "mean": statistics.fmean(vals),
+        "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
+        "n": len(vals),
+    }
 
 
 def updates_to_reach(curve, target):
@@ -271,16 +332,33 @@ def summarise(mlm: List[Dict], sweep: List[Dict], nmt: Optional[Dict], cfg) -> D
         runs = [r for r in mlm if r["variant"] == label and "attention" in r]
         if runs:
             attn[label] = {
-                m: [mean_std([r["attention"]["encoder"][key]["mean"][layer] for r in runs])["mean"]
-                    for layer in range(len(runs[0]["attention"]["encoder"][key]["mean"]))]
+                m: [
+                    mean_std([r["attention"]["encoder"][key]["mean"][layer] for r in runs])["mean"]
+                    for layer in range(len(runs[0]["attention"]["encoder"][key]["mean"]))
+                ]
                 for m, key in (("entropy", "entropy_per_layer"), ("js", "js_per_layer"))
-            }  # fmt: skip
+            }
     return {
-        "mlm_table": table, "updates_to_postln_final_loss": speed, "mlm_attention": attn,
-        "lr_sweep": [{k: r[k] for k in ("variant", "lr", "seed", "final_valid_loss",
-                      "final_valid_accuracy", "diverged", "completed_updates")} for r in sweep],
+        "mlm_table": table,
+        "updates_to_postln_final_loss": speed,
+        "mlm_attention": attn,
+        "lr_sweep": [
+            {
+                k: r[k]
+                for k in (
+                    "variant",
+                    "lr",
+                    "seed",
+                    "final_valid_loss",
+                    "final_valid_accuracy",
+                    "diverged",
+                    "completed_updates",
+                )
+            }
+            for r in sweep
+        ],
         "nmt_attention": nmt,
-    }  # fmt: skip
+    }
 
 
 def plot(mlm, sweep, summary, nmt, out: Path, cfg):
@@ -297,8 +375,10 @@ def plot(mlm, sweep, summary, nmt, out: Path, cfg):
             continue
         ups = sorted(set.intersection(*[{p["update"] for p in r["valid_curve"]} for r in runs]))
         for ax, key in zip(axes, ("loss", "accuracy")):
-            vals = [[next(p[key] for p in r["valid_curve"] if p["update"] == u) for r in runs]
-                    for u in ups]  # fmt: skip
+            vals = [
+                [next(p[key] for p in r["valid_curve"] if p["update"] == u) for r in runs]
+                for u in ups
+            ]
             ax.plot(ups, [statistics.fmean(v) for v in vals], label=f"{label} (n={len(runs)})")
             ax.fill_between(ups, [min(v) for v in vals], [max(v) for v in vals], alpha=0.2)
     base = summary["mlm_table"]["Post-LN"]["final_valid_loss"]["mean"]
@@ -311,8 +391,11 @@ def plot(mlm, sweep, summary, nmt, out: Path, cfg):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
     layers, width, heads, ffn, batch = SIZES[cfg.size]
-    fig.suptitle(f"Masked LM on Tatoeba en, {layers}L d={width} {heads}h, 128 tok x {batch}, "
-                 f"{cfg.max_update} updates, CPU", fontsize=9)  # fmt: skip
+    fig.suptitle(
+        f"Masked LM on Tatoeba en, {layers}L d={width} {heads}h, 128 tok x {batch}, "
+        f"{cfg.max_update} updates, CPU",
+        fontsize=9,
+    )
     save(fig, out / "paper_checks_mlm_curves.png")
 
     # 2. attention: per-layer mean entropy and JS, MLM (3 variants) and NMT (3 chains)
@@ -320,9 +403,17 @@ def plot(mlm, sweep, summary, nmt, out: Path, cfg):
     if nmt:
         for chain in ("encoder", "decoder", "cross"):
             panels.append(
-                (f"NMT {chain}", {lab: {"entropy": nmt[lab][chain]["entropy_per_layer"]["mean"],
-                                        "js": nmt[lab][chain]["js_per_layer"]["mean"]}
-                                  for lab in nmt if chain in nmt[lab]})  # fmt: skip
+                (
+                    f"NMT {chain}",
+                    {
+                        lab: {
+                            "entropy": nmt[lab][chain]["entropy_per_layer"]["mean"],
+                            "js": nmt[lab][chain]["js_per_layer"]["mean"],
+                        }
+                        for lab in nmt
+                        if chain in nmt[lab]
+                    },
+                )
             )
     fig, axes = plt.subplots(2, len(panels), figsize=(4 * len(panels), 6.5), squeeze=False)
     for col, (title, data) in enumerate(panels):
@@ -368,9 +459,15 @@ def plot(mlm, sweep, summary, nmt, out: Path, cfg):
         for label in ("Post-LN", "RealFormer"):
             pts = sorted((r["lr"], r) for r in sweep if r["variant"] == label)
             if pts:
-                ax.plot([p[0] for p in pts],
-                        [p[1]["final_valid_loss"] if not p[1]["diverged"] else float("nan")
-                         for p in pts], marker="o", label=label)  # fmt: skip
+                ax.plot(
+                    [p[0] for p in pts],
+                    [
+                        p[1]["final_valid_loss"] if not p[1]["diverged"] else float("nan")
+                        for p in pts
+                    ],
+                    marker="o",
+                    label=label,
+                )
                 for lr, r in pts:
                     if r["diverged"]:
                         ax.annotate("diverged", (lr, ax.get_ylim()[1]), fontsize=7)
@@ -400,8 +497,9 @@ def report(mlm, sweep, nmt, cfg, t0):
         "description": "RealFormer paper checks at CPU scale: masked LM on Tatoeba en "
         "(held-out valid split), LR sweep, attention entropy / JS (realformer-attention-stats)",
         "config": config,
-        "train_command_example": " ".join(map(str, mlm_command(
-            Path("DATA_BIN"), Path("SAVE_DIR"), "ARCH", 1, cfg.lr, cfg))),  # fmt: skip
+        "train_command_example": " ".join(
+            map(str, mlm_command(Path("DATA_BIN"), Path("SAVE_DIR"), "ARCH", 1, cfg.lr, cfg))
+        ),
         "summary": summary,
         "runs": mlm + [r for r in sweep if r not in mlm],
         "wall_seconds_this_invocation": round(time.time() - t0, 1),
@@ -446,8 +544,11 @@ def main(argv=None):
     if "mlm" in cfg.only:
         jobs += [("mlm", lab, s, cfg.lr) for s in cfg.seeds for lab in VARIANTS]
     if "lr" in cfg.only:
-        jobs += [("lr", lab, cfg.seeds[0], lr) for lr in cfg.sweep_lrs
-                 for lab in ("Post-LN", "RealFormer")]  # fmt: skip
+        jobs += [
+            ("lr", lab, cfg.seeds[0], lr)
+            for lr in cfg.sweep_lrs
+            for lab in ("Post-LN", "RealFormer")
+        ]
     if "nmt" in cfg.only:
         jobs.append(("nmt", None, None, None))
 
