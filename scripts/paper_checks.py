@@ -302,6 +302,20 @@ def mean_std(vals):
     }
 
 
+def mean_curve(runs):
+    """Seed-mean loss at the updates every run validated at."""
+    ups = sorted(set.intersection(*[{p["update"] for p in r["valid_curve"]} for r in runs]))
+    return [
+        {
+            "update": u,
+            "loss": statistics.fmean(
+                next(p["loss"] for p in r["valid_curve"] if p["update"] == u) for r in runs
+            ),
+        }
+        for u in ups
+    ]
+
+
 def updates_to_reach(curve, target):
     """First validated update whose loss is <= target (None: never)."""
     return next((p["update"] for p in curve if p["loss"] <= target), None)
@@ -326,6 +340,7 @@ def summarise(mlm: List[Dict], sweep: List[Dict], nmt: Optional[Dict], cfg) -> D
             speed[label] = {
                 "target_loss": base,
                 "per_seed": {r["seed"]: updates_to_reach(r["valid_curve"], base) for r in runs},
+                "seed_mean_curve": updates_to_reach(mean_curve(runs), base) if runs else None,
             }
     attn = {}
     for label in VARIANTS:
