@@ -211,8 +211,9 @@ def run_one(label: str, seed: int, data_bin: Path, work: Path, cfg) -> Dict:
         "generate_seconds": round(time.time() - start, 1),
     }
     write_atomic(result_file, json.dumps(result, indent=1))
-    for ckpt in run_dir.glob("checkpoint*.pt"):
-        ckpt.unlink()  # keep the work dir small
+    if not cfg.keep_checkpoints:
+        for ckpt in run_dir.glob("checkpoint*.pt"):
+            ckpt.unlink()  # keep the work dir small
     logger.info(
         "%s seed %d: valid loss %.3f, test BLEU %.2f (train %.0fs)",
         label, seed, result["final_valid_loss"], bleu, train_s,
@@ -241,6 +242,9 @@ def parse_args(argv=None):
     p.add_argument("--gen-batch", type=int, default=200)
     p.add_argument("--jobs", type=int, default=3, help="training runs in parallel (1 thread each)")
     p.add_argument("--force", action="store_true", help="rerun runs that have a result.json")
+    p.add_argument(
+        "--keep-checkpoints", action="store_true", help="keep checkpoint_last.pt of each run"
+    )
     args = p.parse_args(argv)
     quick = args.quick
     args.seeds = args.seeds or ([1] if quick else [1, 2, 3])
@@ -272,7 +276,7 @@ def main(argv=None):
     config = {
         k: (str(v) if isinstance(v, Path) else v)
         for k, v in vars(args).items()
-        if k not in ("force",)
+        if k not in ("force", "keep_checkpoints")
     }
     name = "convergence_quick" if args.quick else "convergence"
     report = {

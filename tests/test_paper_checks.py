@@ -1,0 +1,29 @@
+"""Smoke test of scripts/paper_checks.py's resume logic (RealFormer paper checks,
+He et al. arXiv 2012.11747): a run with a result.json is skipped, never retrained."""
+
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+import paper_checks  # noqa: E402
+
+
+def test_finished_run_is_skipped(tmp_path, monkeypatch):
+    cfg = paper_checks.parse_args(["--work-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    run_dir = tmp_path / "runs" / "realformer_bert_lr0.001_seed2"
+    run_dir.mkdir(parents=True)
+    stored = {"variant": "RealFormer", "seed": 2, "lr": 0.001, "final_valid_loss": 5.0}
+    (run_dir / "result.json").write_text(json.dumps(stored))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished run must not be retrained")
+
+    monkeypatch.setattr(paper_checks, "run", no_training)
+    assert paper_checks.run_mlm("RealFormer", 2, 1e-3, tmp_path / "mlm-bin", cfg) == stored
+
+
+def test_updates_to_reach():
+    curve = [{"update": 40, "loss": 7.0}, {"update": 80, "loss": 6.0}, {"update": 120, "loss": 5.5}]
+    assert paper_checks.updates_to_reach(curve, 6.0) == 80
+    assert paper_checks.updates_to_reach(curve, 5.0) is None
