@@ -30,6 +30,8 @@ import shlex
 import sys
 from typing import Dict, List, Optional, Tuple
 
+from text_tools import InputError, run_cli  # same folder: one CLI convention
+
 PROG = "wmt14_en_fr"
 MD = "Transformer-Clinic nmt-experiments/wmt14_en-fr.md"
 EVAL = "Transformer-Clinic nmt-experiments/eval_wmt_en-fr.sh"
@@ -111,10 +113,6 @@ def recipe(name: str) -> dict:
 
 
 RECIPES = ("admin-clinic", "realformer")
-
-
-class InputError(Exception):
-    """Bad input; printed as one line."""
 
 
 # ---------------------------------------------------------------- sizes from the plugin
@@ -248,13 +246,7 @@ def get_parser():
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = get_parser().parse_args(argv)
-    try:
-        args.fn(args)
-    except InputError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_cli(get_parser(), argv)
 
 
 if __name__ == "__main__":

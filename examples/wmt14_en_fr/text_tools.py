@@ -639,14 +639,19 @@ def get_parser():
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = get_parser().parse_args(argv)
+def run_cli(parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> int:
+    """Run the sub-command ``parser`` selects; bad input is one error line, exit 1."""
+    args = parser.parse_args(argv)
     try:
         args.fn(args)
     except InputError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return run_cli(get_parser(), argv)
 
 
 if __name__ == "__main__":
