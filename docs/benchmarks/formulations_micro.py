@@ -3,7 +3,11 @@
 candidate formulations, interleaved, 1 thread. Output: formulations_micro.log (load average 7-11
 on the shared 2 cores, 2026-12-02). Run: .venv/bin/python docs/benchmarks/formulations_micro.py"""
 
-import statistics, sys, time, torch
+import statistics
+import sys
+import time
+
+import torch
 
 torch.set_num_threads(1)
 MASK = torch.finfo(torch.float32).min
