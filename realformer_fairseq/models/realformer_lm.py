@@ -139,8 +139,14 @@ class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, Transfo
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
 
         if utils.safe_getattr(args, "max_target_positions", None) is None:
+            # fairseq's dataclass reads task.tokens_per_sample by interpolation; a
+            # hydra model config of this (legacy) model has no such key: ask the task
             args.max_target_positions = utils.safe_getattr(
-                args, "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS
+                args,
+                "tokens_per_sample",
+                utils.safe_getattr(
+                    getattr(task, "args", None), "tokens_per_sample", DEFAULT_MAX_TARGET_POSITIONS
+                ),
             )
 
         if args.character_embeddings:
