@@ -134,6 +134,29 @@ def test_sizes_are_fairseqs_transformer_lm_sizes(variant, size, fairseq_arch):
     assert theirs.decoder_normalize_before is True  # fairseq's LMs are always Pre-LN
 
 
+@pytest.mark.parametrize("arch", sorted(EXPECTED_TINY))
+def test_a_dictconfig_builds_the_same_model(arch):
+    """fairseq-hydra-train and checkpoint loading hand build_model a DictConfig, which
+    fairseq's TransformerConfig.from_namespace does not copy the plugin's keys from."""
+    from fairseq.models import build_model
+    from omegaconf import OmegaConf
+
+    layers, width, ffn, heads, mode, pre_ln, admin = EXPECTED_TINY[arch]
+    cfg = OmegaConf.create({"_name": arch, "max_target_positions": 64})
+    model = build_model(cfg, lm_task())
+    assert isinstance(model, RealformerLanguageModel) and len(model.decoder.layers) == layers
+    for layer in model.decoder.layers:
+        if mode is None:
+            assert type(layer.self_attn) is MultiheadAttention
+        else:
+            assert isinstance(layer.self_attn, RealformerMultiheadAttention)
+            assert layer.self_attn.residual_attention_mode == mode
+        assert layer.self_attn.embed_dim == width and layer.self_attn.num_heads == heads
+        assert layer.fc1.out_features == ffn and layer.normalize_before is pre_ln
+        assert layer.self_attn_residual.admin is admin and layer.ffn_residual.admin is admin
+    assert model.decoder.max_positions() == 64
+
+
 def test_flags_override_the_arch_defaults():
     model, _ = build_lm(
         "preln_transformer_lm_tiny",
