@@ -20,7 +20,7 @@ base. A family may give a size its own fairseq base function (``size_fairseq_bas
 LM's ``gpt2_small`` mirrors fairseq's ``transformer_lm_gpt2_small``). ``residual_attention_mode`` in ``base`` is the default only where some chain is
 residual. A value ``SameAs("key")`` takes the (already resolved) value of another key.
 
-To add a family (e.g. a decoder-only LM, ``realformer_lm_*``), add an entry to
+To add a family (as the decoder-only LM, ``realformer_lm*``, was), add an entry to
 ``FAMILIES`` and call ``register_family_architectures("<model name>")`` in the model's
 module after its ``@register_model`` class; nothing else changes.
 """
