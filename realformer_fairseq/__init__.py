@@ -8,6 +8,7 @@ package registers its architectures with fairseq.
 from . import checkpoint_compat  # noqa: F401
 from . import interactive_compat  # noqa: F401
 from .criterions import masked_lm_accuracy  # noqa: F401
+from .models import realformer_lm  # noqa: F401
 from .models import realformer_roberta  # noqa: F401
 from .models import realformer_transformer  # noqa: F401
 from .optim import radam  # noqa: F401

@@ -1,7 +1,8 @@
 """The registered architectures: names, sizes and defaults (issue 13's table).
 
 Sizes are RealFormer's (He et al. 2020, arXiv 2012.11747): NMT width 512/2048/8 heads
-at 6L-6L, 18L-18L, 60L-12L, and its BERT Table 1 sizes. Expected values are written
+at 6L-6L, 18L-18L, 60L-12L, and its BERT Table 1 sizes; the decoder-only LMs mirror
+fairseq's ``transformer_lm`` sizes. Expected values are written
 here; the arch functions must give the same on an argparse Namespace and a DictConfig.
 """
 
@@ -41,6 +42,21 @@ BERT_VARIANTS = {
     "preln_bert": ("none", None, True, False),
 }
 
+# size suffix -> (layers, width, heads, ffn): fairseq's transformer_lm sizes
+LM_SIZES = {
+    "_tiny": (2, 64, 2, 128),
+    "": (6, 512, 8, 2048),
+    "_gpt2_small": (24, 1024, 16, 4096),
+}
+# variant -> (residual_attention, residual_attention_mode, init_type, normalize_before);
+# Post-LN unless the variant is Pre-LN (fairseq's base_lm_architecture forces Pre-LN)
+LM_VARIANTS = {
+    "realformer_lm": ("decoder", "sum", "admin", False),
+    "admin_transformer_lm": ("none", None, "admin", False),
+    "postln_transformer_lm": ("none", None, "default", False),
+    "preln_transformer_lm": ("none", None, "default", True),
+}
+
 
 def expected_nmt(variant, size):
     enc, dec, width, ffn, heads, share = NMT_SIZES[size]
@@ -68,6 +84,18 @@ def expected_bert(variant, size):
     }  # fmt: skip
 
 
+def expected_lm(variant, size):
+    layers, width, heads, ffn = LM_SIZES[size]
+    residual, mode, init, pre_ln = LM_VARIANTS[variant]
+    return {
+        "decoder_layers": layers, "decoder_embed_dim": width, "decoder_attention_heads": heads,
+        "decoder_ffn_embed_dim": ffn, "decoder_input_dim": width, "decoder_output_dim": width,
+        "decoder_normalize_before": pre_ln, "dropout": 0.1, "residual_attention": residual,
+        "residual_attention_mode": mode, "init_type": init, "admin_allow_pre_ln": False,
+        "admin_profile_out": None,
+    }  # fmt: skip
+
+
 EXPECTED = {
     "realformer_transformer": {
         **expected_nmt("realformer", "wmt_en_fr"),
@@ -81,6 +109,9 @@ for _variant in NMT_VARIANTS:
 for _variant in BERT_VARIANTS:
     for _size in BERT_SIZES:
         EXPECTED[f"{_variant}_{_size}"] = expected_bert(_variant, _size)
+for _variant in LM_VARIANTS:
+    for _size in LM_SIZES:
+        EXPECTED[f"{_variant}{_size}"] = expected_lm(_variant, _size)
 
 
 def resolve(name, config_type, **given):
@@ -102,10 +133,10 @@ def test_every_architecture_name_is_registered_and_no_other():
     ours = {
         name
         for name, model in ARCH_MODEL_NAME_REGISTRY.items()
-        if model in ("realformer_transformer", "realformer_roberta")
+        if model in ("realformer_transformer", "realformer_roberta", "realformer_lm")
     }
     assert ours == set(EXPECTED)
-    assert len(ours) == 1 + 4 * 4 + 1 + 3 * 5
+    assert len(ours) == 1 + 4 * 4 + 1 + 3 * 5 + 4 * 3
 
 
 @pytest.mark.parametrize("config_type", ["Namespace", "DictConfig"])
@@ -133,3 +164,6 @@ def test_given_values_win_and_the_decoder_width_follows_the_encoder(config_type)
     assert resolve("preln_bert_tiny", config_type, residual_attention="encoder")[
         "residual_attention_mode"
     ] == ("sum")
+    lm = resolve("preln_transformer_lm_tiny", config_type, decoder_normalize_before=False)
+    assert lm["decoder_normalize_before"] is False  # not forced back to Pre-LN by fairseq
+    assert resolve("realformer_lm", config_type, decoder_layers=3)["decoder_layers"] == 3

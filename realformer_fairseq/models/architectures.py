@@ -14,23 +14,25 @@ A *family* is one registered fairseq model with:
   where a size fixes them);
 - ``variants``: the plugin's flags and norm placement per variant.
 
-Each ``{variant}_{size}`` is registered as an architecture whose defaults are, by
+Each ``{variant}_{size}`` (``{variant}`` for the size ``""``) is registered as an architecture whose defaults are, by
 precedence: the command line / config, the variant, the size, the family's base, fairseq's
-base. ``residual_attention_mode`` in ``base`` is the default only where some chain is
+base. A family may give a size its own fairseq base function (``size_fairseq_base``; the
+LM's ``gpt2_small`` mirrors fairseq's ``transformer_lm_gpt2_small``). ``residual_attention_mode`` in ``base`` is the default only where some chain is
 residual. A value ``SameAs("key")`` takes the (already resolved) value of another key.
 
-To add a family (e.g. a decoder-only LM, ``realformer_lm_*``), add an entry to
+To add a family (as the decoder-only LM, ``realformer_lm*``, was), add an entry to
 ``FAMILIES`` and call ``register_family_architectures("<model name>")`` in the model's
 module after its ``@register_model`` class; nothing else changes.
 """
 
 import dataclasses
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, Optional
 
 from fairseq import utils
 from fairseq.models import register_model_architecture
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
+from fairseq.models.transformer_lm import base_lm_architecture, transformer_lm_gpt2_small
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +49,22 @@ class Family:
     fairseq_base: Callable
     sizes: Dict[str, Dict[str, Any]]
     variants: Dict[str, Dict[str, Any]]
+    # size -> fairseq arch function used instead of ``fairseq_base`` for that size
+    size_fairseq_base: Dict[str, Callable] = dataclasses.field(default_factory=dict)
+
+
+def keep_normalize_before(fairseq_arch: Callable) -> Callable:
+    """fairseq's ``base_lm_architecture`` sets ``decoder_normalize_before = True``
+    unconditionally (so every fairseq ``transformer_lm*`` is Pre-LN); keep the value
+    the variant, the family's base or the user chose."""
+
+    def architecture(args):
+        normalize_before = utils.safe_getattr(args, "decoder_normalize_before", False)
+        fairseq_arch(args)
+        args.decoder_normalize_before = normalize_before
+
+    architecture.__name__ = f"{fairseq_arch.__name__}_keep_normalize_before"
+    return architecture
 
 
 # The paper's NMT width (Post-LN, shared embeddings, dropout 0.1); decoder as encoder.
@@ -140,6 +158,56 @@ FAMILIES: Dict[str, Family] = {
             },
         },
     ),
+    # decoder-only language model (model: realformer_lm). Size "" is the model's own
+    # arch (``realformer_lm``, registered by the model's module) and fairseq's
+    # ``transformer_lm`` size; each size mirrors a fairseq ``transformer_lm*`` arch,
+    # called last with the Post-/Pre-LN choice kept.
+    "realformer_lm": Family(
+        base={
+            "residual_attention": "decoder",
+            "residual_attention_mode": "sum",
+            "init_type": "admin",
+            "admin_profile_out": None,
+            "admin_allow_pre_ln": False,
+            "decoder_normalize_before": False,
+        },
+        fairseq_base=keep_normalize_before(base_lm_architecture),
+        sizes={
+            "tiny": {
+                "decoder_layers": 2,
+                "decoder_embed_dim": 64,
+                "decoder_ffn_embed_dim": 128,
+                "decoder_attention_heads": 2,
+            },
+            "": {},  # fairseq transformer_lm: 6 layers, 512/2048, 8 heads
+            "gpt2_small": {},  # fairseq transformer_lm_gpt2_small: 24 layers, 1024/4096, 16 heads
+        },
+        variants={
+            # RealFormer (decoder self-attention chain, running sum) + ADMIN on Post-LN
+            "realformer_lm": {
+                "residual_attention": "decoder",
+                "init_type": "admin",
+                "decoder_normalize_before": False,
+            },
+            # baselines at the same sizes
+            "admin_transformer_lm": {
+                "residual_attention": "none",
+                "init_type": "admin",
+                "decoder_normalize_before": False,
+            },
+            "postln_transformer_lm": {
+                "residual_attention": "none",
+                "init_type": "default",
+                "decoder_normalize_before": False,
+            },
+            "preln_transformer_lm": {  # fairseq's transformer_lm*
+                "residual_attention": "none",
+                "init_type": "default",
+                "decoder_normalize_before": True,
+            },
+        },
+        size_fairseq_base={"gpt2_small": keep_normalize_before(transformer_lm_gpt2_small)},
+    ),
 }
 
 PLUGIN_FLAGS = (
@@ -181,10 +249,11 @@ def realformer_flag_defaults(args, residual_attention: str, mode: str, init_type
         args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", None)
 
 
-def family_base_architecture(family_name: str) -> Callable:
+def family_base_architecture(family_name: str, size: Optional[str] = None) -> Callable:
     """The arch function named after the model: the family's plugin-flag defaults,
-    then fairseq's base architecture."""
+    then fairseq's base architecture (the size's own one where the family gives one)."""
     family = FAMILIES[family_name]
+    fairseq_base = family.size_fairseq_base.get(size, family.fairseq_base)
 
     def architecture(args):
         realformer_flag_defaults(
@@ -194,7 +263,7 @@ def family_base_architecture(family_name: str) -> Callable:
             init_type=family.base["init_type"],
         )
         set_defaults(args, {k: v for k, v in family.base.items() if k not in PLUGIN_FLAGS})
-        family.fairseq_base(args)
+        fairseq_base(args)
 
     architecture.__name__ = f"{family_name}_base_architecture"
     return architecture
@@ -203,31 +272,39 @@ def family_base_architecture(family_name: str) -> Callable:
 def make_architecture(family_name: str, variant: str, size: str) -> Callable:
     """The arch function of ``{variant}_{size}``: variant, then size, then the base."""
     family = FAMILIES[family_name]
-    base = family_base_architecture(family_name)
+    base = family_base_architecture(family_name, size)
 
     def architecture(args):
         set_defaults(args, family.variants[variant])
         set_defaults(args, family.sizes[size])
         base(args)
 
-    architecture.__name__ = f"{variant}_{size}_architecture"
+    architecture.__name__ = f"{arch_name(variant, size)}_architecture"
     return architecture
+
+
+def arch_name(variant: str, size: str) -> str:
+    """``{variant}_{size}``; ``{variant}`` for the size ``""``."""
+    return f"{variant}_{size}" if size else variant
 
 
 def architecture_names(family_name: str):
     family = FAMILIES[family_name]
-    return [f"{variant}_{size}" for variant in family.variants for size in family.sizes]
+    return [arch_name(variant, size) for variant in family.variants for size in family.sizes]
 
 
 def register_family_architectures(family_name: str) -> Dict[str, Callable]:
     """Register ``{variant}_{size}`` for every entry of the family (the model
     ``family_name`` must be registered already); returns name -> arch function. The
-    base architecture (named after the model) is registered by the model's module."""
+    base architecture (named after the model) is registered by the model's module, and
+    an entry whose name is the model's (``realformer_lm``) is left to it."""
     registered = {}
     family = FAMILIES[family_name]
     for variant in family.variants:
         for size in family.sizes:
-            name = f"{variant}_{size}"
+            name = arch_name(variant, size)
+            if name == family_name:
+                continue
             registered[name] = register_model_architecture(family_name, name)(
                 make_architecture(family_name, variant, size)
             )

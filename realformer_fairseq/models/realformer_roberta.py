@@ -121,12 +121,21 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
         return model
 
     @classmethod
-    def from_pretrained(cls, model_name_or_path, checkpoint_file="model.pt", **kwargs):
+    def from_pretrained(
+        cls,
+        model_name_or_path,
+        checkpoint_file="model.pt",
+        data_name_or_path=".",
+        bpe="gpt2",
+        **kwargs,
+    ):
         """fairseq's ``RobertaModel.from_pretrained`` (same arguments: ``data_name_or_path``,
         ``bpe``, ``bpe_codes``, ...), returning a :class:`RealformerRobertaHubInterface`."""
         from .hub_interface import RealformerRobertaHubInterface
 
-        hub = super().from_pretrained(model_name_or_path, checkpoint_file, **kwargs)
+        hub = super().from_pretrained(
+            model_name_or_path, checkpoint_file, data_name_or_path, bpe=bpe, **kwargs
+        )
         return RealformerRobertaHubInterface(hub.cfg, hub.task, hub.model)
 
     def forward(

@@ -57,6 +57,8 @@ def refuse_unsupported_flags(args, chains_used=("encoder", "decoder", "cross")):
         has_decoder
         and utils.safe_getattr(args, "tie_adaptive_weights", False)
         and utils.safe_getattr(args, "adaptive_softmax_cutoff", None)
+        # the language model builds adaptive input embeddings (--adaptive-input)
+        and not utils.safe_getattr(args, "adaptive_input", False)
     ):
         raise RealformerConfigError(
             "--tie-adaptive-weights with --adaptive-softmax-cutoff needs adaptive input "

@@ -1,0 +1,271 @@
+#!/usr/bin/env python
+"""What residual attention (RealFormer) and ADMIN cost in a decoder-only LM, next to
+fairseq's own ``transformer_lm`` at the same size.
+
+He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747);
+Liu et al., "Understanding the Difficulty of Training Transformers" (arXiv 2004.08249).
+
+Models are built in this process by fairseq's own argument parsing (``--task
+language_modeling --arch ...``) with a dummy dictionary, and measured *interleaved*
+(A, B, C, A, B, C, ...) in one process, so that a shared, noisy CPU slows all of them
+alike; each ratio is the median over repeats of per-repeat ratios against
+``vanilla``. Per ``--tokens-per-sample`` (batch = ``--batch-tokens`` tokens):
+
+* training throughput: target tokens/s of forward + backward + Adam step (fairseq's
+  ``cross_entropy``, dropout on; ADMIN profiling is done in an untimed warm-up step);
+* peak memory of one training step from ``torch.profiler``'s CPU memory events (live
+  tensor bytes above the step's start), plus the parameter and Adam state bytes,
+  computed as in ``scripts/benchmark_speed.py``.
+
+Variants: ``vanilla`` (fairseq ``transformer_lm``: Pre-LN, attention through
+``F.multi_head_attention_forward`` when training), ``realformer`` (``realformer_lm``:
+residual attention, running sum, Post-LN + ADMIN), ``admin`` (``admin_transformer_lm``:
+Post-LN + ADMIN, no residual attention; separates the two costs).
+
+usage:
+    python scripts/benchmark_lm.py                               # 6 layers, 512/2048 (~10 min)
+    python scripts/benchmark_lm.py --lengths 32 --layers 2 --width 64 --ffn 128 --heads 2 \\
+        --repeats 2 --json /tmp/lm_speed.json                     # smoke check
+"""
+
+import argparse
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict
+
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+logging.basicConfig(
+    format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+    level=logging.WARNING,
+    stream=sys.stdout,
+)
+logger = logging.getLogger("benchmark_lm")
+logger.setLevel(logging.INFO)
+
+# variant -> --arch
+VARIANTS = {
+    "vanilla": "transformer_lm",
+    "realformer": "realformer_lm",
+    "admin": "admin_transformer_lm",
+}
+
+
+def dummy_dictionary(vocab: int):
+    from fairseq.data import Dictionary
+
+    d = Dictionary()
+    for i in range(vocab - len(d)):
+        d.add_symbol(f"w{i}")
+    return d
+
+
+def build(arch: str, args_in, tokens_per_sample: int, dictionary, seed: int = 1):
+    """Model and criterion from fairseq's own parsing of ``--arch arch``."""
+    from fairseq import options
+    from fairseq.tasks.language_modeling import LanguageModelingTask
+
+    import realformer_fairseq
+
+    user_dir = str(Path(realformer_fairseq.__file__).resolve().parent)
+    parser = options.get_training_parser(default_task="language_modeling")
+    argv = [
+        "unused-data-dir", "--user-dir", user_dir, "--task", "language_modeling",
+        "--arch", arch, "--tokens-per-sample", str(tokens_per_sample),
+        "--decoder-layers", str(args_in.layers), "--decoder-embed-dim", str(args_in.width),
+        # fairseq's "transformer_lm" arch is its dataclass's no-op: without these its
+        # input/output dims stay 512 whatever the width (base_lm_architecture never runs)
+        "--decoder-input-dim", str(args_in.width), "--decoder-output-dim", str(args_in.width),
+        "--decoder-ffn-embed-dim", str(args_in.ffn),
+        "--decoder-attention-heads", str(args_in.heads),
+        "--share-decoder-input-output-embed", "--dropout", "0.1",
+        "--criterion", "cross_entropy", "--optimizer", "adam", "--cpu", "--seed", str(seed),
+    ]  # fmt: skip
+    args = options.parse_args_and_arch(parser, input_args=argv)
+    task = LanguageModelingTask(args, dictionary, dictionary)
+    torch.manual_seed(seed)
+    model = task.build_model(args)
+    return model, task.build_criterion(args)
+
+
+def make_batch(bsz: int, length: int, dictionary, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(dictionary.nspecial, len(dictionary), (bsz, length + 1), generator=g)
+    return {
+        "id": torch.arange(bsz),
+        "nsentences": bsz,
+        "ntokens": bsz * length,
+        "net_input": {
+            "src_tokens": tokens[:, :-1].contiguous(),
+            "src_lengths": torch.full((bsz,), length),
+        },
+        "target": tokens[:, 1:].contiguous(),
+    }
+
+
+class Bench:
+    def __init__(self, name: str, args, length: int, dictionary):
+        self.name, self.arch = name, VARIANTS[name]
+        self.model, self.criterion = build(self.arch, args, length, dictionary)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-5, foreach=False)
+
+    def train_step(self, sample):
+        self.model.train()
+        loss, _, _ = self.criterion(self.model, sample)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+
+def profiled_peak(fn) -> int:
+    """Peak live CPU tensor bytes during ``fn`` above the level at its start, from
+    ``torch.profiler`` memory events (same method as scripts/benchmark_speed.py)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        prof.export_chrome_trace(path)
+        with open(path, encoding="utf-8") as fh:
+            events = json.load(fh)["traceEvents"]
+    finally:
+        os.remove(path)
+    mem = sorted(
+        (e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
+        key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)),
+    )
+    if not mem:
+        raise RuntimeError("torch.profiler recorded no CPU memory events")
+    live = peak = 0
+    for event in mem:
+        live += int(event["args"]["Bytes"])
+        peak = max(peak, live)
+    return peak
+
+
+def run_length(length: int, args, dictionary) -> Dict:
+    bsz = max(1, args.batch_tokens // length)
+    sample = make_batch(bsz, length, dictionary, seed=length)
+    benches = [Bench(name, args, length, dictionary) for name in args.variants]
+    # same size: only ADMIN's per-dimension omega (2 per layer) may differ
+    sizes = {b.name: b.params for b in benches}
+    omega = 2 * args.layers * args.width
+    assert all(n - min(sizes.values()) in (0, omega) for n in sizes.values()), sizes
+    for bench in benches:  # warm-up; ADMIN profiles omega on this first training step
+        bench.train_step(sample)
+        if hasattr(bench.model, "admin_profiled") and bench.model.admin_init_type == "admin":
+            assert int(bench.model.admin_profiled) == 1
+    tokens_per_s = {b.name: [] for b in benches}
+    for _ in range(args.repeats):
+        for bench in benches:  # interleaved
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                bench.train_step(sample)
+            tokens_per_s[bench.name].append(
+                args.steps * sample["ntokens"] / (time.perf_counter() - start)
+            )
+    memory = {}
+    for bench in benches:
+        step_peak = profiled_peak(lambda: bench.train_step(sample))
+        # parameters + gradients are inside the step peak; Adam's two moments persist
+        persistent = bench.param_bytes * 3
+        memory[bench.name] = {"step_peak_bytes": step_peak, "total_bytes": step_peak + persistent}
+    result = {"tokens_per_sample": length, "batch_size": bsz, "variants": {}}
+    for bench in benches:
+        speeds = tokens_per_s[bench.name]
+        entry = {
+            "arch": bench.arch,
+            "params": bench.params,
+            "train_tokens_per_s_median": statistics.median(speeds),
+            "train_tokens_per_s": [round(x, 1) for x in speeds],
+            **memory[bench.name],
+        }
+        if bench.name != "vanilla" and "vanilla" in tokens_per_s:
+            ratios = [a / b for a, b in zip(speeds, tokens_per_s["vanilla"])]
+            entry["speed_ratio_vs_vanilla"] = statistics.median(ratios)
+            entry["speed_ratios_per_repeat"] = [round(r, 4) for r in ratios]
+            entry["memory_ratio_vs_vanilla"] = (
+                memory[bench.name]["total_bytes"] / memory["vanilla"]["total_bytes"]
+            )
+        result["variants"][bench.name] = entry
+    return result
+
+
+def format_table(report: Dict) -> str:
+    rows = [
+        "| tokens/sample | batch | variant | train tokens/s (median) | speed ÷ vanilla "
+        "(≥ 0.95) | peak memory MiB | memory ÷ vanilla (≤ 1.15) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for res in report["results"]:
+        for name, v in res["variants"].items():
+            rows.append(
+                f"| {res['tokens_per_sample']} | {res['batch_size']} | {name} (`{v['arch']}`) | "
+                f"{v['train_tokens_per_s_median']:.0f} | "
+                f"{v.get('speed_ratio_vs_vanilla', 1.0):.3f} | "
+                f"{v['total_bytes'] / 2**20:.0f} | {v.get('memory_ratio_vs_vanilla', 1.0):.3f} |"
+            )
+    return "\n".join(rows)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lengths", nargs="+", type=int, default=[128, 512, 1024])
+    p.add_argument("--batch-tokens", type=int, default=2048)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--ffn", type=int, default=2048)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--steps", type=int, default=1, help="training steps per timed measurement")
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--json", type=Path, default=REPO_ROOT / "docs" / "benchmarks" / "lm_speed.json")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> Dict:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dictionary = dummy_dictionary(args.vocab)
+    t0 = time.time()
+    report = {
+        "description": __doc__.split("\n\n")[0],
+        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "machine": {
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "load_average_start": os.getloadavg(),
+        },
+        "results": [],
+    }
+    for length in args.lengths:
+        report["results"].append(run_length(length, args, dictionary))
+        logger.info("tokens-per-sample %d done (%.0fs)", length, time.time() - t0)
+    report["machine"]["load_average_end"] = os.getloadavg()
+    report["wall_seconds"] = round(time.time() - t0, 1)
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    tmp = args.json.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    os.replace(tmp, args.json)
+    print(format_table(report))
+    return report
+
+
+if __name__ == "__main__":
+    main()
