@@ -35,12 +35,12 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Dict
 
 import torch
+from bench_measure import peak_bytes  # the CPU peak method of benchmark_speed.py
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -128,34 +128,6 @@ class Bench:
         self.optimizer.zero_grad(set_to_none=True)
 
 
-def profiled_peak(fn) -> int:
-    """Peak live CPU tensor bytes during ``fn`` above the level at its start, from
-    ``torch.profiler`` memory events (same method as scripts/benchmark_speed.py)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        prof.export_chrome_trace(path)
-        with open(path, encoding="utf-8") as fh:
-            events = json.load(fh)["traceEvents"]
-    finally:
-        os.remove(path)
-    mem = sorted(
-        (e for e in events if e.get("name") == "[memory]" and e["args"].get("Device Type") == 0),
-        key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)),
-    )
-    if not mem:
-        raise RuntimeError("torch.profiler recorded no CPU memory events")
-    live = peak = 0
-    for event in mem:
-        live += int(event["args"]["Bytes"])
-        peak = max(peak, live)
-    return peak
-
-
 def run_length(length: int, args, dictionary) -> Dict:
     bsz = max(1, args.batch_tokens // length)
     sample = make_batch(bsz, length, dictionary, seed=length)
@@ -179,7 +151,7 @@ def run_length(length: int, args, dictionary) -> Dict:
             )
     memory = {}
     for bench in benches:
-        step_peak = profiled_peak(lambda: bench.train_step(sample))
+        step_peak = peak_bytes(lambda: bench.train_step(sample))
         # parameters + gradients are inside the step peak; Adam's two moments persist
         persistent = bench.param_bytes * 3
         memory[bench.name] = {"step_peak_bytes": step_peak, "total_bytes": step_peak + persistent}
