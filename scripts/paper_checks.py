@@ -19,13 +19,13 @@ seed, split into train / valid (held out, never trained on) / analysis lines;
 lower-cased, split into words and punctuation, joint BPE (subword-nmt).
 
 Reduced configuration (default; what docs/paper_checks.md reports): 6 layers, d 64, ffn 256,
-4 heads, 8 x 128 tokens per update, 400 updates, measured 0.5-0.7 updates/s per run on the
-shared 2-core build machine (about 13 min per run, two at a time). ``--full`` is the issue's
-size (6L, d 256, 32 x 128 tokens, 3000 updates): 0.105 updates/s measured there, ~8 h per run.
+4 heads, 8 x 128 tokens per update, 3000 updates: 6.3 updates/s per run measured on this 2-core
+machine when quiet (one thread per run, two runs at a time), about 8 min per run, ~75 min for
+the whole default plan. ``--full`` is the issue's size (6L, d 256, 32 x 128 tokens, 3000
+updates): 0.43 updates/s measured on the quiet machine, ~2 h per run, ~14 h for the plan.
 
 usage:
-    python scripts/paper_checks.py --seeds 1 2 --sweep-lrs 1e-2 3e-3 --only mlm lr   # the doc's runs
-    python scripts/paper_checks.py                 # reduced size, 3 seeds, LR sweep, NMT attention
+    python scripts/paper_checks.py                 # the doc's runs: 3 seeds, LR sweep, NMT attention
     python scripts/paper_checks.py --full          # the issue's size (6L, d 256, 3000 updates)
     python scripts/paper_checks.py --jobs 2 --only mlm lr   # parts: mlm lr attn nmt
 """
@@ -601,15 +601,15 @@ def parse_args(argv=None):
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
     p.add_argument("--lr", type=float, default=1e-3, help="peak LR of the MLM table")
     p.add_argument("--sweep-lrs", nargs="+", type=float, default=[3e-3, 1e-2])
-    p.add_argument("--nmt-updates", type=int, default=300)
+    p.add_argument("--nmt-updates", type=int, default=1500)
     p.add_argument("--attn-lines", type=int, default=300)
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--only", nargs="+", default=["mlm", "lr", "nmt"], choices=["mlm", "lr", "nmt"])
     p.add_argument("--report-only", action="store_true", help="rewrite the report, run nothing")
     args = p.parse_args(argv)
     args.size = "full" if args.full else "reduced"
-    args.max_update = args.max_update or (3000 if args.full else 400)
-    args.valid_every = args.valid_every or max(args.max_update // 10, 1)
+    args.max_update = args.max_update or 3000
+    args.valid_every = args.valid_every or max(args.max_update // 30, 1)
     if args.full:
         args.work_dir = args.work_dir.with_name(args.work_dir.name + "_full")
     return args
