@@ -20,6 +20,8 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 RESIDUAL_ATTENTION_MODES = ("sum", "mean")
+# the stream is float32, or float64 where the scores are (half-precision scores are promoted)
+_STREAM_DTYPES = (torch.float32, torch.float64)
 
 # Large negative but finite: masked entries still get exactly zero probability,
 # while a row whose keys are all masked (a fully padded sequence) softmaxes to a
@@ -67,7 +69,13 @@ class RealformerMultiheadAttention(MultiheadAttention):
             )
         super().__init__(embed_dim, num_heads, **kwargs)
         self.residual_attention_mode = residual_attention_mode
-        self.calls = 0
+        # a list, not an int attribute: assigning to a Module attribute goes through
+        # nn.Module.__setattr__, a measurable cost per incremental decoding step
+        self._calls = [0]
+
+    @property
+    def calls(self) -> int:
+        return self._calls[0]
 
     def forward(
         self,
@@ -94,7 +102,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
             raise ValueError("use the returned attn_scores instead of before_softmax")
         if need_head_weights:
             need_weights = True
-        self.calls += 1
+        self._calls[0] += 1
 
         tgt_len, bsz, embed_dim = query.size()
         assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
@@ -154,7 +162,9 @@ class RealformerMultiheadAttention(MultiheadAttention):
         # raw scores of this layer plus the stream so far: the stream is at least float32
         # (float64 stays float64); the sum is added in place into this layer's fresh product
         raw_scores = torch.bmm(q, k.transpose(1, 2))  # (bsz*heads, tgt_len, src_len)
-        attn_scores = raw_scores.to(torch.promote_types(raw_scores.dtype, torch.float32))
+        attn_scores = raw_scores
+        if raw_scores.dtype not in _STREAM_DTYPES:
+            attn_scores = raw_scores.float()
         if prev_attn_scores is not None:
             if prev_attn_scores.shape != attn_scores.shape:
                 raise ValueError(
@@ -163,7 +173,9 @@ class RealformerMultiheadAttention(MultiheadAttention):
                     f"{tuple(attn_scores.shape)} (bsz*heads, tgt_len, src_len); "
                     "all layers of a chain need the same number of heads"
                 )
-            attn_scores.add_(prev_attn_scores.to(attn_scores.dtype))
+            if prev_attn_scores.dtype != attn_scores.dtype:
+                prev_attn_scores = prev_attn_scores.to(attn_scores.dtype)
+            attn_scores.add_(prev_attn_scores)
 
         # the softmax input: a masked copy, never the stream itself
         logits = attn_scores
@@ -173,11 +185,12 @@ class RealformerMultiheadAttention(MultiheadAttention):
             # (tgt_len, src_len), additive float (fairseq uses -inf or -1e8)
             logits = logits + attn_mask.to(logits.dtype).clamp(min=_MASK_VALUE).unsqueeze(0)
         if key_padding_mask is not None:
-            if logits is attn_scores:
-                logits = logits.clone()
-            logits.view(bsz, self.num_heads, tgt_len, src_len).masked_fill_(
-                key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool), _MASK_VALUE
-            )
+            padding = key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool)
+            per_head = logits.view(bsz, self.num_heads, tgt_len, src_len)
+            if logits is attn_scores:  # one new tensor, never the stream
+                logits = per_head.masked_fill(padding, _MASK_VALUE).view_as(attn_scores)
+            else:
+                per_head.masked_fill_(padding, _MASK_VALUE)
 
         attn_weights_float = torch.softmax(logits, dim=-1)
         attn_probs = self.dropout_module(attn_weights_float.type_as(raw_scores))
