@@ -329,11 +329,11 @@ def test_alignment_layer_and_heads_as_in_fairseq(dict_dir):
         (["--base-layers", "1"], "--base-layers is not supported"),
         (
             ["--encoder-layers-to-keep", "0,2"],
-            "--encoder-layers-to-keep on the command line crashes fairseq 0.12's transformer",
+            "--encoder-layers-to-keep as a list (command line or config) crashes fairseq",
         ),
         (
             ["--decoder-layers-to-keep", "0,2"],
-            "--decoder-layers-to-keep on the command line crashes fairseq 0.12's transformer",
+            "--decoder-layers-to-keep as a list (command line or config) crashes fairseq",
         ),
         (
             ["--tie-adaptive-weights", "--adaptive-softmax-cutoff", "10,20"],
@@ -384,6 +384,20 @@ def test_xformers_config_is_refused_on_residual_chains(residual, flag, refused):
     # the encoder-only model has no decoder chains
     if flag == "--decoder-xformers-att-config":
         refuse_unsupported_flags(args, chains_used=("encoder",))
+
+
+@pytest.mark.parametrize("side", ["encoder", "decoder"])
+def test_layers_to_keep_as_a_hydra_list_is_refused(side):
+    """A hydra/yaml config can give the list form without the command line
+    (``layers_to_keep: [0, 2]``): the same refusal, not fairseq's AttributeError."""
+    from omegaconf import OmegaConf
+
+    from realformer_fairseq.errors import RealformerConfigError
+    from realformer_fairseq.models.supported_flags import refuse_unsupported_flags
+
+    cfg = OmegaConf.create({f"{side}_layers_to_keep": [0, 2], "residual_attention": "all"})
+    with pytest.raises(RealformerConfigError, match=f"^--{side}-layers-to-keep as a list"):
+        refuse_unsupported_flags(cfg)
 
 
 def test_layers_to_keep_on_the_command_line_crashes_fairseq_transformer(dict_dir):

@@ -9,6 +9,7 @@ works as in fairseq; the audit (flag, result, test) is in docs/guarantees.md.
 """
 
 from fairseq import utils
+from omegaconf import ListConfig
 
 from ..errors import RealformerConfigError
 from ..modules.realformer_layer import parse_residual_chains
@@ -22,12 +23,14 @@ def refuse_unsupported_flags(args, chains_used=("encoder", "decoder", "cross")):
     """
     has_decoder = "decoder" in chains_used
     for side in ("encoder", "decoder"):
-        if isinstance(utils.safe_getattr(args, f"{side}_layers_to_keep", None), (list, tuple)):
-            # fairseq 0.12's transformer parses the flag into a list, then calls
-            # .split(",") on it (AttributeError); RoBERTa's parser keeps the string
+        keep = utils.safe_getattr(args, f"{side}_layers_to_keep", None)
+        if isinstance(keep, (list, tuple, ListConfig)):
+            # fairseq 0.12's transformer parses the flag (or takes a hydra config's list)
+            # as a list, then calls .split(",") on it (AttributeError); RoBERTa's parser
+            # keeps the string
             raise RealformerConfigError(
-                f"--{side}-layers-to-keep on the command line crashes fairseq 0.12's "
-                "transformer; prune a trained model with --model-overrides "
+                f"--{side}-layers-to-keep as a list (command line or config) crashes fairseq "
+                "0.12's transformer; prune a trained model with --model-overrides "
                 f"\"{{'{side}_layers_to_keep': '0,2,4'}}\" instead"
             )
     keep = [
