@@ -190,6 +190,22 @@ def test_layers_to_keep_prunes_the_checkpoint_as_fairseq():
         assert not torch.allclose(out, forward(full, batch, train)[0], atol=1e-4)
 
 
+def test_mismatch_error_after_pruning_names_the_pruned_keys():
+    """A checkpoint that does not fit a pruned model: the one error line compares
+    the keys fairseq's load compared (pruned and renumbered), not the checkpoint's."""
+    full, _ = build_translation_model("postln_transformer_tiny", **NAMESPACE_LAYERS)
+    keep = dict(encoder_layers_to_keep="0,2", decoder_layers_to_keep="0,1,2,3")
+    pruned, _ = build_translation_model(
+        "admin_transformer_tiny", **NAMESPACE_LAYERS, **keep
+    )  # ADMIN: omega keys the Post-LN checkpoint lacks
+    with pytest.raises(SystemExit) as err:
+        pruned.load_state_dict(full.state_dict(), model_cfg=pruned.args)
+    line = str(err.value)
+    assert "\n" not in line
+    assert "unexpected keys" not in line, line  # before: encoder.layers.3.* of the checkpoint
+    assert "missing keys (e.g. encoder.layers.0.self_attn_residual.omega" in line, line
+
+
 @pytest.mark.parametrize("flag", ["--checkpoint-activations", "--offload-activations"])
 def test_activation_checkpointing_recomputes_layers_as_in_fairseq(dict_dir, flag):
     ours, task = build(dict_dir, *OURS_OFF, flag)

@@ -1,15 +1,18 @@
 """One-line errors for a checkpoint loaded into a model it does not fit."""
 
+import argparse
 import logging
 from typing import Optional
 
 from fairseq import utils
+from fairseq.checkpoint_utils import prune_state_dict
 
 from ..errors import RealformerConfigError, exit_on_config_error
 
 logger = logging.getLogger(__name__)
 
 _ARCH_KEY = "realformer_arch"
+_LAYERS_TO_KEEP = ("encoder_layers_to_keep", "decoder_layers_to_keep")
 
 
 def _record_arch(module, state_dict, prefix, local_metadata):
@@ -58,6 +61,9 @@ class ArchCheckedLoadMixin:
         one error line naming both archs, instead of torch's key list under
         fairseq's "Cannot load model parameters" stack trace."""
         ckpt_arch = (getattr(state_dict, "_metadata", None) or {}).get("", {}).get(_ARCH_KEY)
+        # fairseq's load prunes the state dict by *_layers_to_keep and then clears them
+        # in model_cfg: keep them to name the keys that were actually compared
+        layers_to_keep = {k: utils.safe_getattr(model_cfg, k, None) for k in _LAYERS_TO_KEEP}
         try:
             result = super().load_state_dict(
                 state_dict, strict=strict, model_cfg=model_cfg, args=args
@@ -65,6 +71,9 @@ class ArchCheckedLoadMixin:
         except RuntimeError as err:
             if not strict or "Error(s) in loading state_dict" not in str(err):
                 raise
+            if any(layers_to_keep.values()):
+                pruning = argparse.Namespace(arch=ckpt_arch or "unknown", **layers_to_keep)
+                state_dict = prune_state_dict(state_dict, pruning)
             raise RealformerConfigError(_state_dict_mismatch(self, state_dict, ckpt_arch)) from None
         arch = utils.safe_getattr(self.args, "arch", None)
         if ckpt_arch is not None and ckpt_arch != arch:
