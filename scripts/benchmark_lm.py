@@ -29,7 +29,6 @@ usage:
 """
 
 import argparse
-import json
 import logging
 import os
 import platform
@@ -41,6 +40,8 @@ from typing import Dict
 
 import torch
 from bench_measure import peak_bytes  # the CPU peak method of benchmark_speed.py
+from bench_models import dummy_dictionary
+from study import config, md_table, user_dir, write_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -60,26 +61,14 @@ VARIANTS = {
 }
 
 
-def dummy_dictionary(vocab: int):
-    from fairseq.data import Dictionary
-
-    d = Dictionary()
-    for i in range(vocab - len(d)):
-        d.add_symbol(f"w{i}")
-    return d
-
-
 def build(arch: str, args_in, tokens_per_sample: int, dictionary, seed: int = 1):
     """Model and criterion from fairseq's own parsing of ``--arch arch``."""
     from fairseq import options
     from fairseq.tasks.language_modeling import LanguageModelingTask
 
-    import realformer_fairseq
-
-    user_dir = str(Path(realformer_fairseq.__file__).resolve().parent)
     parser = options.get_training_parser(default_task="language_modeling")
     argv = [
-        "unused-data-dir", "--user-dir", user_dir, "--task", "language_modeling",
+        "unused-data-dir", "--user-dir", user_dir(), "--task", "language_modeling",
         "--arch", arch, "--tokens-per-sample", str(tokens_per_sample),
         "--decoder-layers", str(args_in.layers), "--decoder-embed-dim", str(args_in.width),
         # fairseq's "transformer_lm" arch is its dataclass's no-op: without these its
@@ -177,20 +166,16 @@ def run_length(length: int, args, dictionary) -> Dict:
 
 
 def format_table(report: Dict) -> str:
+    header = ["tokens/sample", "batch", "variant", "train tokens/s (median)",
+              "speed ÷ vanilla (≥ 0.95)", "peak memory MiB", "memory ÷ vanilla (≤ 1.15)"]  # fmt: skip
     rows = [
-        "| tokens/sample | batch | variant | train tokens/s (median) | speed ÷ vanilla "
-        "(≥ 0.95) | peak memory MiB | memory ÷ vanilla (≤ 1.15) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for res in report["results"]:
-        for name, v in res["variants"].items():
-            rows.append(
-                f"| {res['tokens_per_sample']} | {res['batch_size']} | {name} (`{v['arch']}`) | "
-                f"{v['train_tokens_per_s_median']:.0f} | "
-                f"{v.get('speed_ratio_vs_vanilla', 1.0):.3f} | "
-                f"{v['total_bytes'] / 2**20:.0f} | {v.get('memory_ratio_vs_vanilla', 1.0):.3f} |"
-            )
-    return "\n".join(rows)
+        [res["tokens_per_sample"], res["batch_size"], f"{name} (`{v['arch']}`)",
+         f"{v['train_tokens_per_s_median']:.0f}", f"{v.get('speed_ratio_vs_vanilla', 1.0):.3f}",
+         f"{v['total_bytes'] / 2**20:.0f}", f"{v.get('memory_ratio_vs_vanilla', 1.0):.3f}"]
+        for res in report["results"]
+        for name, v in res["variants"].items()
+    ]  # fmt: skip
+    return md_table(header, rows)
 
 
 def parse_args(argv=None):
@@ -217,7 +202,7 @@ def main(argv=None) -> Dict:
     t0 = time.time()
     report = {
         "description": __doc__.split("\n\n")[0],
-        "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "config": config(args),
         "machine": {
             "platform": platform.platform(),
             "torch": torch.__version__,
@@ -232,9 +217,7 @@ def main(argv=None) -> Dict:
     report["machine"]["load_average_end"] = os.getloadavg()
     report["wall_seconds"] = round(time.time() - t0, 1)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report, indent=1), encoding="utf-8")
-    os.replace(tmp, args.json)
+    write_json(args.json, report)
     print(format_table(report))
     return report
 

@@ -20,7 +20,6 @@ usage:
 """
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -32,6 +31,7 @@ from typing import Dict
 import torch
 from bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
 from bench_models import VARIANTS, Bench, dummy_dictionary, make_batch
+from study import config, md_table, write_json
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 logging.basicConfig(format="%(asctime)s | %(message)s", level=logging.INFO, stream=sys.stdout)
@@ -137,10 +137,7 @@ def run_config(name: str, args) -> Dict:
 
 
 def format_tables(report: Dict) -> str:
-    lines = [
-        "| config | ratio | train words/s | peak memory | fwd activations | generation sents/s |",
-        "|---|---|---|---|---|---|",
-    ]
+    ratios = []
     for name, res in report["configs"].items():
         for key, entry in res["ratios"].items():
             targets = TARGETS.get(name, {}) if key == "realformer/vanilla" else {}
@@ -152,23 +149,22 @@ def format_tables(report: Dict) -> str:
                     met = value <= target if col == "peak_memory" else value >= target
                     mark = " ✓" if met else " ✗"
                 cells.append("-" if value is None else f"{value:.3f}{mark}")
-            lines.append(f"| {name} ({res['config']['label']}) | {key} | {' | '.join(cells)} |")
-    lines += [
-        "",
-        "| config | variant | params | train words/s | fwd peak MiB | step peak MiB "
-        "| +persistent MiB | gen sents/s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+            ratios.append([f"{name} ({res['config']['label']})", key, *cells])
     mib = 2**20
-    for name, res in report["configs"].items():
-        for v, d in res["variants"].items():
-            gen = d["gen_sents_per_s_median"]
-            lines.append(
-                f"| {name} | {v} | {d['params'] / 1e6:.1f}M | {d['train_wps_median']:.0f} "
-                f"| {d['forward_peak_bytes'] / mib:.1f} | {d['step_peak_bytes'] / mib:.1f} "
-                f"| {d['persistent_bytes'] / mib:.1f} | {'-' if gen is None else f'{gen:.2f}'} |"
-            )
-    return "\n".join(lines)
+    variants = [
+        [name, v, f"{d['params'] / 1e6:.1f}M", f"{d['train_wps_median']:.0f}",
+         f"{d['forward_peak_bytes'] / mib:.1f}", f"{d['step_peak_bytes'] / mib:.1f}",
+         f"{d['persistent_bytes'] / mib:.1f}",
+         "-" if d["gen_sents_per_s_median"] is None else f"{d['gen_sents_per_s_median']:.2f}"]
+        for name, res in report["configs"].items()
+        for v, d in res["variants"].items()
+    ]  # fmt: skip
+    return "\n\n".join([
+        md_table(["config", "ratio", "train words/s", "peak memory", "fwd activations",
+                  "generation sents/s"], ratios),
+        md_table(["config", "variant", "params", "train words/s", "fwd peak MiB", "step peak MiB",
+                  "+persistent MiB", "gen sents/s"], variants),
+    ])  # fmt: skip
 
 
 def parse_args(argv=None):
@@ -205,16 +201,14 @@ def main(argv=None) -> Dict:
         "tensor bytes during one training step above its start, plus persistent "
         "3 x parameter bytes (weights + Adam moments); fwd = the training forward alone",
         "machine": machine_info(),
-        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "settings": config(args),
         "targets": TARGETS,
         "configs": {name: run_config(name, args) for name in args.configs},
     }
     report["wall_seconds"] = round(time.time() - t0, 1)
     report["load_average_at_end"] = os.getloadavg()
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-    tmp.write_text(json.dumps(report, indent=1), encoding="utf-8")
-    os.replace(tmp, args.json)
+    write_json(args.json, report)
     print(format_tables(report))
     logger.info("wrote %s in %.0fs", args.json, report["wall_seconds"])
     return report

@@ -26,45 +26,16 @@ measured: 12 runs took about 10 minutes each, 2 at a time, on the 2-core build m
 load average 15-17 (shared with other jobs; sized from 1.7-2.5 updates/s measured at load 9).
 """
 
-import argparse
-import json
-import logging
 import re
-import sys
-import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+import study
 
-from convergence import (  # noqa: E402  (scripts/ is not a package)
-    DEFAULT_DATA,
-    REPO_ROOT,
-    StudyError,
-    fairseq_command,
-    mean_std,
-    read_lines,
-    run,
-    user_dir,
-    write_atomic,
-)
-
-logging.basicConfig(
-    format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-    datefmt="%Y-%m-%d %H:%M:%S",
-    level=logging.INFO,
-    stream=sys.stdout,
-)
-logger = logging.getLogger("lm_comparison")
+logger = study.get_logger("lm_comparison")
 
 # label -> arch (registered by the plugin)
-VARIANTS = {
-    "Post-LN": "postln_transformer_lm_tiny",
-    "Pre-LN": "preln_transformer_lm_tiny",
-    "ADMIN": "admin_transformer_lm_tiny",
-    "RealFormer+ADMIN": "realformer_lm_tiny",
-}
+VARIANTS = {label: f"{prefix}_lm_tiny" for label, prefix in study.VARIANTS.items()}
 SPLITS = {"train": "train", "valid": "val", "test": "test_2016_flickr"}
 
 
@@ -79,11 +50,11 @@ def prepare_data(data_root: Path, work: Path, limits: Dict[str, int]) -> Path:
     raw = work / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     for split, name in SPLITS.items():
-        lines = read_lines(data_root / "multi30k" / f"{name}.en", limits.get(split))
-        write_atomic(raw / f"{split}.txt", "".join(tokenize(x) + "\n" for x in lines))
-    run(
+        lines = study.read_lines(data_root / "multi30k" / f"{name}.en", limits.get(split))
+        study.write_atomic(raw / f"{split}.txt", "".join(tokenize(x) + "\n" for x in lines))
+    study.run(
         [
-            fairseq_command("fairseq-preprocess"), "--only-source",
+            study.fairseq_command("fairseq-preprocess"), "--only-source",
             "--trainpref", raw / "train.txt", "--validpref", raw / "valid.txt",
             "--testpref", raw / "test.txt", "--destdir", data_bin,
             "--thresholdsrc", "2", "--workers", "1",
@@ -103,243 +74,93 @@ def model_flags(cfg) -> List[str]:
 
 def train_command(data_bin: Path, save_dir: Path, arch: str, seed: int, cfg) -> List[str]:
     return [
-        fairseq_command("fairseq-train"), data_bin,
-        "--user-dir", user_dir(), "--task", "language_modeling", "--arch", arch,
+        *study.train_head(data_bin, "language_modeling"), "--arch", arch,
         *model_flags(cfg), "--dropout", "0.1",
         "--tokens-per-sample", str(cfg.tokens_per_sample), "--sample-break-mode", "complete",
-        "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
-        "--lr", str(cfg.lr), "--lr-scheduler", "inverse_sqrt",
-        "--warmup-updates", str(cfg.warmup), "--warmup-init-lr", "1e-07",
-        "--criterion", "cross_entropy",
+        *study.adam_inverse_sqrt(cfg), "--criterion", "cross_entropy",
         "--max-tokens", str(cfg.max_tokens), "--max-update", str(cfg.max_update),
-        "--validate-interval-updates", str(cfg.valid_every), "--validate-interval", "100000",
-        "--save-interval", "100000", "--no-epoch-checkpoints", "--no-save-optimizer-state",
-        "--save-dir", save_dir, "--log-format", "json", "--log-interval", "10",
-        "--num-workers", "0", "--seed", str(seed), "--cpu",
+        *study.run_flags(cfg.valid_every, save_dir, seed),
     ]  # fmt: skip
 
 
 def eval_command(data_bin: Path, checkpoint: Path, cfg) -> List[str]:
     return [
-        fairseq_command("fairseq-eval-lm"), data_bin,
-        "--user-dir", user_dir(), "--path", checkpoint, "--gen-subset", "test",
+        study.fairseq_command("fairseq-eval-lm"), data_bin,
+        "--user-dir", study.user_dir(), "--path", checkpoint, "--gen-subset", "test",
         "--tokens-per-sample", str(cfg.tokens_per_sample), "--sample-break-mode", "complete",
         "--max-tokens", "4096", "--num-workers", "0", "--cpu",
     ]  # fmt: skip
 
 
-def parse_valid_curve(train_log: str) -> List[Dict[str, float]]:
-    """``[{"update": n, "loss": x, "ppl": y}]`` (loss in base 2) from json log lines."""
-    curve = {}
-    for match in re.finditer(r"\| valid \| (\{.*\})", train_log):
-        stats = json.loads(match.group(1))
-        update = int(float(stats["valid_num_updates"]))
-        curve[update] = {
-            "update": update,
-            "loss": float(stats["valid_loss"]),
-            "ppl": float(stats["valid_ppl"]),
-        }
-    return [curve[k] for k in sorted(curve)]
-
-
 def parse_eval_lm(output: str) -> Dict[str, float]:
     match = re.search(r"Loss \(base 2\): ([\d.]+|nan|inf), Perplexity: ([\d.]+|nan|inf)", output)
     if not match:
-        raise StudyError(f"no perplexity in fairseq-eval-lm output:\n{output[-2000:]}")
+        raise study.StudyError(f"no perplexity in fairseq-eval-lm output:\n{output[-2000:]}")
     return {"loss_base2": float(match.group(1)), "ppl": 2 ** float(match.group(1))}
 
 
-def run_one(label: str, seed: int, data_bin: Path, work: Path, cfg) -> Dict:
+def run_one(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> Dict:
     arch = VARIANTS[label]
-    run_dir = work / "runs" / f"{arch}_seed{seed}"
-    result_file = run_dir / "result.json"
-    if result_file.exists() and not cfg.force:
-        logger.info("reusing %s", result_file)
-        return json.loads(result_file.read_text(encoding="utf-8"))
-    run_dir.mkdir(parents=True, exist_ok=True)
-    start = time.time()
-    log = run(train_command(data_bin, run_dir, arch, seed, cfg), run_dir / "train.log")
-    train_s = time.time() - start
-    curve = parse_valid_curve(log)
-    if not curve:
-        raise StudyError(f"{run_dir / 'train.log'}: no validation lines")
+    cmd = train_command(data_bin, run_dir, arch, seed, cfg)
+    result, train_s = study.train(cmd, run_dir, "ppl", variant=label, arch=arch, seed=seed)
+    checkpoint = run_dir / "checkpoint_last.pt"
     test = parse_eval_lm(
-        run(eval_command(data_bin, run_dir / "checkpoint_last.pt", cfg), run_dir / "eval_lm.log")
+        study.run(eval_command(data_bin, checkpoint, cfg), run_dir / "eval_lm.log")
     )
-    result = {
-        "variant": label,
-        "arch": arch,
-        "seed": seed,
-        "valid_curve": curve,
-        "final_valid_ppl": curve[-1]["ppl"],
-        "test_ppl": test["ppl"],
-        "test_loss_base2": test["loss_base2"],
-        "train_seconds": round(train_s, 1),
-    }
-    write_atomic(result_file, json.dumps(result, indent=1))
-    for ckpt in run_dir.glob("checkpoint*.pt"):
-        ckpt.unlink()
+    result["final_valid_ppl"] = result["valid_curve"][-1]["ppl"]
+    result["test_ppl"] = test["ppl"]
+    result["test_loss_base2"] = test["loss_base2"]
+    result["train_seconds"] = round(train_s, 1)
     logger.info("%s seed %d: test ppl %.2f (train %.0fs)", label, seed, test["ppl"], train_s)
     return result
 
 
-def summarise(results: List[Dict]) -> Dict[str, Dict]:
-    summary = {}
-    for label in VARIANTS:
-        runs = [r for r in results if r["variant"] == label]
-        if runs:
-            summary[label] = {
-                key: mean_std([r[key] for r in runs])
-                for key in ("test_ppl", "final_valid_ppl", "train_seconds")
-            }
-    return summary
-
-
-def markdown_table(summary: Dict[str, Dict], cfg) -> str:
-    rows = [
-        f"| variant ({cfg.layers} layers, width {cfg.width}) | held-out (test) ppl "
-        f"@ {cfg.max_update} upd | valid ppl | train s/run | seeds |",
-        "|---|---|---|---|---|",
-    ]
-    for label, s in summary.items():
-        test, valid, secs = s["test_ppl"], s["final_valid_ppl"], s["train_seconds"]
-        rows.append(
-            f"| {label} | {test['mean']:.2f} ± {test['std']:.2f} | "
-            f"{valid['mean']:.2f} ± {valid['std']:.2f} | {secs['mean']:.0f} | {test['n']} |"
-        )
-    return "\n".join(rows)
-
-
-def plot_curves(results: List[Dict], png: Path, title: str):
-    import os
-    import statistics
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for label in VARIANTS:
-        runs = [r for r in results if r["variant"] == label]
-        if not runs:
-            continue
-        updates = sorted(set.intersection(*[{p["update"] for p in r["valid_curve"]} for r in runs]))
-        per_update = [
-            [next(p["ppl"] for p in r["valid_curve"] if p["update"] == u) for r in runs]
-            for u in updates
-        ]
-        ax.plot(
-            updates,
-            [statistics.fmean(v) for v in per_update],
-            marker="o",
-            ms=3,
-            label=f"{label} (n={len(runs)})",
-        )
-        ax.fill_between(
-            updates, [min(v) for v in per_update], [max(v) for v in per_update], alpha=0.2
-        )
-    ax.set_yscale("log")
-    ax.set_xlabel("updates")
-    ax.set_ylabel("valid perplexity")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    tmp = png.with_name(png.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    os.replace(tmp, png)
-
-
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="root of ../shared/data/enfr")
-    p.add_argument("--work-dir", type=Path, default=None, help="default: work_dirs/lm_comparison")
-    p.add_argument("--out", type=Path, default=None, help="where the JSON/PNG/MD go")
-    p.add_argument("--quick", action="store_true", help="smoke check: small data, few updates")
-    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
-    p.add_argument("--seeds", nargs="+", type=int, default=None)
-    p.add_argument("--max-update", type=int, default=None)
-    p.add_argument("--valid-every", type=int, default=None)
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p = study.run_parser(__doc__, "lm_comparison", VARIANTS, jobs=2)
     p.add_argument("--tokens-per-sample", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=1024)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--width", type=int, default=64)
-    p.add_argument("--ffn", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--jobs", type=int, default=2, help="training runs in parallel (1 thread each)")
-    p.add_argument("--force", action="store_true", help="rerun runs that have a result.json")
+    study.add_model_args(p, layers=6, width=64, ffn=256, heads=4)
     p.add_argument(
         "--report-only", action="store_true", help="write the report of the finished runs only"
     )
-    args = p.parse_args(argv)
-    quick = args.quick
-    args.seeds = args.seeds or ([1] if quick else [1, 2, 3])
-    args.max_update = args.max_update or (20 if quick else 200)
-    args.valid_every = args.valid_every or max(1, args.max_update // (2 if quick else 5))
-    args.warmup = args.warmup or (5 if quick else 50)
-    name = "lm_comparison_quick" if quick else "lm_comparison"
-    args.work_dir = args.work_dir or REPO_ROOT / "work_dirs" / name
-    args.out = args.out or (args.work_dir if quick else REPO_ROOT / "docs" / "benchmarks")
-    args.limits = {"train": 2000, "valid": 100, "test": 100} if quick else {}
+    args = study.parse_run_args(p, argv, "lm_comparison", max_update=200, valid_points=5, warmup=50)
+    args.limits = {"train": 2000, "valid": 100, "test": 100} if args.quick else {}
     return args
 
 
 def main(argv=None):
     args = parse_args(argv)
-    args.work_dir.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    data_bin = prepare_data(args.data, args.work_dir, args.limits)
-    logger.info("data ready in %.0fs: %s", time.time() - t0, data_bin)
-    jobs = [(label, seed) for seed in args.seeds for label in args.variants]
-    if args.report_only:  # the runs finished so far, nothing started
-        files = [
-            args.work_dir / "runs" / f"{VARIANTS[label]}_seed{seed}" / "result.json"
-            for label, seed in jobs
-        ]
-        results = [json.loads(f.read_text(encoding="utf-8")) for f in files if f.exists()]
-        logger.info("report of %d of %d runs", len(results), len(jobs))
-    else:
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-            results = list(
-                pool.map(lambda job: run_one(job[0], job[1], data_bin, args.work_dir, args), jobs)
-            )
-    summary = summarise(results)
-    table = markdown_table(summary, args)
-    name = "lm_comparison_quick" if args.quick else "lm_comparison"
-    config = {
-        k: (str(v) if isinstance(v, Path) else v)
-        for k, v in vars(args).items()
-        if k not in ("force", "report_only")
-    }
-    report = {
-        "description": "Multi30k English word-level LM, CPU, small scale; held-out perplexity "
+    data_bin, t0 = study.prepare(args, lambda: prepare_data(args.data, args.work_dir, args.limits))
+    # with --report-only, the runs finished so far, nothing started
+    results = study.run_seeds(run_one, data_bin, args, VARIANTS, args.report_only)
+    planned = len(args.seeds) * len(args.variants)
+    if args.report_only:
+        logger.info("report of %d of %d runs", len(results), planned)
+    summary = study.summarise(results, VARIANTS, ("test_ppl", "final_valid_ppl", "train_seconds"))
+    header = [
+        f"variant ({args.layers} layers, width {args.width})",
+        f"held-out (test) ppl @ {args.max_update} upd", "valid ppl", "train s/run", "seeds",
+    ]  # fmt: skip
+    table = study.summary_table(
+        summary, header,
+        [("test_ppl", "{mean:.2f} ± {std:.2f}"), ("final_valid_ppl", "{mean:.2f} ± {std:.2f}"),
+         ("train_seconds", "{mean:.0f}"), ("test_ppl", "{n}")],
+    )  # fmt: skip
+    name = study.study_name(args, "lm_comparison")
+    train_example = train_command(data_bin, Path("SAVE_DIR"), "ARCH", 1, args)
+    eval_example = eval_command(data_bin, Path("SAVE_DIR/checkpoint_last.pt"), args)
+    report = study.report(
+        args, name, t0, results, summary, table,
+        description="Multi30k English word-level LM, CPU, small scale; held-out perplexity "
         "(fairseq-eval-lm on test_2016_flickr) and valid perplexity curves per run",
-        "config": config,
-        "train_command_example": " ".join(
-            map(str, train_command(data_bin, Path("SAVE_DIR"), "ARCH", 1, args))
-        ),
-        "eval_command_example": " ".join(
-            map(str, eval_command(data_bin, Path("SAVE_DIR/checkpoint_last.pt"), args))
-        ),
-        "wall_seconds": round(time.time() - t0, 1),
-        "runs_finished": f"{len(results)} of {len(jobs)}",
-        "summary": summary,
-        "runs": results,
-    }
-    write_atomic(args.out / f"{name}.json", json.dumps(report, indent=1))
-    write_atomic(args.out / f"{name}.md", table + "\n")
-    plot_curves(
-        results,
-        args.out / f"{name}.png",
-        f"Multi30k English LM, {args.layers} layers, width {args.width}, "
-        f"{args.max_update} updates, seeds {args.seeds}",
-    )
-    print(table)
+        drop=("force", "report_only"), train_command_example=study.command_line(train_example),
+        eval_command_example=study.command_line(eval_example),
+        runs_finished=f"{len(results)} of {planned}",
+    )  # fmt: skip
+    title = f"Multi30k English LM, {args.layers} layers, width {args.width}, "
+    title += f"{args.max_update} updates, seeds {args.seeds}"
+    png = args.out / f"{name}.png"
+    study.plot_curves(results, VARIANTS, "ppl", png, title, "valid perplexity", log_y=True)
     return report
 
 

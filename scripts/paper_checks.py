@@ -37,26 +37,38 @@ import os
 import random
 import re
 import statistics
-import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT / "scripts"))
-import convergence  # noqa: E402  (the NMT study; reused for its run/parse helpers)
+import study
+from study import (
+    DEFAULT_DATA,
+    REPO_ROOT,
+    StudyError,
+    config,
+    fairseq_command,
+    finished,
+    log_records,
+    pyplot,
+    read_json,
+    read_lines,
+    run,
+    save_figure,
+    seed_curves,
+    valid_curve,
+    write_atomic,
+    write_json,
+)
 
-DEFAULT_DATA = convergence.DEFAULT_DATA
 VARIANTS = {"Post-LN": "postln_bert", "Pre-LN": "preln_bert", "RealFormer": "realformer_bert"}
 SIZES = {  # name -> layers, width, heads, ffn, batch size (samples of --tokens-per-sample)
     "reduced": (6, 64, 4, 256, 8),
     "full": (6, 256, 4, 1024, 32),
 }
-log = convergence.logger
-run = convergence.run
-write_atomic = convergence.write_atomic
+log = study.get_logger("paper_checks")
 
 
 # ---------------------------------------------------------------------------
@@ -77,7 +89,7 @@ def prepare_mlm_data(data_root: Path, work: Path, n_valid: int, n_analysis: int,
     data_bin = work / "mlm-bin"
     if (data_bin / "valid.bin").exists():
         return data_bin
-    lines = convergence.read_lines(data_root / "tatoeba" / "fra-eng.no-tatoeba-test.en", None)
+    lines = read_lines(data_root / "tatoeba" / "fra-eng.no-tatoeba-test.en", None)
     lines = sorted(set(tokenize(x) for x in lines if x.strip()))  # dedup: no leak train/valid
     random.Random(0).shuffle(lines)
     splits = {
@@ -104,7 +116,7 @@ def prepare_mlm_data(data_root: Path, work: Path, n_valid: int, n_analysis: int,
     tmp = work / "mlm-bin.tmp"
     run(
         [
-            convergence.fairseq_command("fairseq-preprocess"), "--only-source",
+            fairseq_command("fairseq-preprocess"), "--only-source",
             "--trainpref", bpe_dir / "train", "--validpref", bpe_dir / "valid",
             "--destdir", tmp, "--workers", "1",
         ],
@@ -121,8 +133,7 @@ def prepare_mlm_data(data_root: Path, work: Path, n_valid: int, n_analysis: int,
 def mlm_command(data_bin: Path, save_dir: Path, arch: str, seed: int, lr: float, cfg) -> List:
     layers, width, heads, ffn, batch = SIZES[cfg.size]
     return [
-        convergence.fairseq_command("fairseq-train"), data_bin,
-        "--user-dir", convergence.user_dir(), "--task", "masked_lm",
+        *study.train_head(data_bin, "masked_lm"),
         "--criterion", "masked_lm_accuracy", "--arch", arch,
         "--encoder-layers", layers, "--encoder-embed-dim", width,
         "--encoder-attention-heads", heads, "--encoder-ffn-embed-dim", ffn,
@@ -133,40 +144,29 @@ def mlm_command(data_bin: Path, save_dir: Path, arch: str, seed: int, lr: float,
         "--lr", lr, "--lr-scheduler", "polynomial_decay",
         "--warmup-updates", cfg.max_update // 10, "--total-num-update", cfg.max_update,
         "--max-update", cfg.max_update,
-        "--validate-interval-updates", cfg.valid_every, "--validate-interval", "100000",
-        "--save-interval", "100000", "--no-epoch-checkpoints", "--no-save-optimizer-state",
-        "--save-dir", save_dir, "--log-format", "json", "--log-interval", "20",
-        "--num-workers", "0", "--seed", seed, "--cpu",
+        *study.run_flags(cfg.valid_every, save_dir, seed, log_interval=20),
     ]  # fmt: skip
 
 
 def parse_mlm_log(text: str):
-    curve = {}
-    for m in re.finditer(r"\| valid \| (\{.*\})", text):
-        s = json.loads(m.group(1))
-        u = int(float(s["valid_num_updates"]))
-        curve[u] = {
-            "update": u,
-            "loss": float(s["valid_loss"]),
-            "accuracy": float(s["valid_accuracy"]),
-        }
-    train = [json.loads(m.group(1)) for m in re.finditer(r"\| train_inner \| (\{.*\})", text)]
-    ups = [float(t["ups"]) for t in train if "ups" in t]
-    return [curve[k] for k in sorted(curve)], (statistics.median(ups) if ups else None)
+    """The valid curve (loss, accuracy) and the median updates/s of the training lines."""
+    ups = [float(t["ups"]) for t in log_records(text, "train_inner") if "ups" in t]
+    return valid_curve(text, "accuracy"), (statistics.median(ups) if ups else None)
 
 
 def run_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[Dict]:
     arch = f"{VARIANTS[label]}_tiny"  # sizes come from the explicit flags
     run_dir = cfg.work_dir / "runs" / f"{VARIANTS[label]}_lr{lr:g}_seed{seed}"
     result_file = run_dir / "result.json"
-    if result_file.exists():
-        return json.loads(result_file.read_text(encoding="utf-8"))
+    result = finished(result_file)
+    if result:
+        return result
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     try:
         text = run(mlm_command(data_bin, run_dir, arch, seed, lr, cfg), run_dir / "train.log")
         failed = None
-    except convergence.StudyError as err:  # divergence (e.g. fairseq's NaN-loss stop) is a result
+    except StudyError as err:  # divergence (e.g. fairseq's NaN-loss stop) is a result
         text = (run_dir / "train.log").read_text(encoding="utf-8")
         failed = str(err).splitlines()[-1][:300]
     curve, ups = parse_mlm_log(text)
@@ -196,7 +196,7 @@ def run_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[D
             cfg,
         )
         result["attention"] = load_attn(run_dir / "attn")
-    write_atomic(result_file, json.dumps(result, indent=1))
+    write_json(result_file, result)
     log.info(
         "%s lr %g seed %d: valid loss %.3f acc %.2f (%.0fs, %.2f ups)",
         label,
@@ -212,7 +212,7 @@ def run_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[D
 
 def attention_stats(ckpt: Path, inp: Path, out: Path, data: Path, cfg, target: Path = None):
     cmd = [
-        convergence.fairseq_command("realformer-attention-stats"),
+        fairseq_command("realformer-attention-stats"),
         "--path",
         ckpt,
         "--input",
@@ -254,7 +254,7 @@ def run_nmt(cfg) -> Optional[Dict]:
     out = cfg.work_dir / "nmt"
     done = out / "attn_done.json"
     if done.exists():
-        return json.loads(done.read_text(encoding="utf-8"))
+        return read_json(done)
     work = out / "work"
     argv = [
         sys.executable,
@@ -289,7 +289,7 @@ def run_nmt(cfg) -> Optional[Dict]:
             target=work / "bpe" / "test.fr",
         )
         res[label] = load_attn(run_dir / "attn")
-    write_atomic(done, json.dumps(res, indent=1))
+    write_json(done, res)
     return res
 
 
@@ -298,28 +298,12 @@ def run_nmt(cfg) -> Optional[Dict]:
 
 
 def mean_std(vals):
-    vals = [v for v in vals if v is not None and math.isfinite(v)]
-    if not vals:
-        return {"mean": None, "std": None, "n": 0}
-    return {
-        "mean": statistics.fmean(vals),
-        "std": statistics.stdev(vals) if len(vals) > 1 else 0.0,
-        "n": len(vals),
-    }
+    return study.mean_std(vals, empty=(None, None))
 
 
 def mean_curve(runs):
     """Seed-mean loss at the updates every run validated at."""
-    ups = sorted(set.intersection(*[{p["update"] for p in r["valid_curve"]} for r in runs]))
-    return [
-        {
-            "update": u,
-            "loss": statistics.fmean(
-                next(p["loss"] for p in r["valid_curve"] if p["update"] == u) for r in runs
-            ),
-        }
-        for u in ups
-    ]
+    return [{"update": u, "loss": statistics.fmean(v)} for u, v in zip(*seed_curves(runs, "loss"))]
 
 
 def updates_to_reach(curve, target):
@@ -383,25 +367,12 @@ def summarise(mlm: List[Dict], sweep: List[Dict], nmt: Optional[Dict], cfg) -> D
 
 
 def plot(mlm, sweep, summary, nmt, out: Path, cfg):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     # 1. curves: mean and min/max band over seeds, loss and accuracy
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for label in VARIANTS:
-        runs = [r for r in mlm if r["variant"] == label and not r["diverged"]]
-        if not runs:
-            continue
-        ups = sorted(set.intersection(*[{p["update"] for p in r["valid_curve"]} for r in runs]))
-        for ax, key in zip(axes, ("loss", "accuracy")):
-            vals = [
-                [next(p[key] for p in r["valid_curve"] if p["update"] == u) for r in runs]
-                for u in ups
-            ]
-            ax.plot(ups, [statistics.fmean(v) for v in vals], label=f"{label} (n={len(runs)})")
-            ax.fill_between(ups, [min(v) for v in vals], [max(v) for v in vals], alpha=0.2)
+    for ax, key in zip(axes, ("loss", "accuracy")):
+        study.plot_seeds(ax, [r for r in mlm if not r["diverged"]], VARIANTS, key)
     base = summary["mlm_table"]["Post-LN"]["final_valid_loss"]["mean"]
     if base:
         axes[0].axhline(base, ls=":", c="grey", lw=1, label="Post-LN final")
@@ -501,23 +472,19 @@ def plot(mlm, sweep, summary, nmt, out: Path, cfg):
 
 
 def save(fig, path: Path):
-    import matplotlib.pyplot as plt
-
-    fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+    save_figure(fig, path, dpi=110)
 
 
 def report(mlm, sweep, nmt, cfg, t0):
     summary = summarise(mlm, sweep, nmt, cfg)
-    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(cfg).items()}
-    config["model"] = dict(zip(("layers", "width", "heads", "ffn", "batch_size"), SIZES[cfg.size]))
+    settings = config(cfg)
+    settings["model"] = dict(
+        zip(("layers", "width", "heads", "ffn", "batch_size"), SIZES[cfg.size])
+    )
     out = {
         "description": "RealFormer paper checks at CPU scale: masked LM on Tatoeba en "
         "(held-out valid split), LR sweep, attention entropy / JS (realformer-attention-stats)",
-        "config": config,
+        "config": settings,
         "train_command_example": " ".join(
             map(str, mlm_command(Path("DATA_BIN"), Path("SAVE_DIR"), "ARCH", 1, cfg.lr, cfg))
         ),
@@ -526,7 +493,7 @@ def report(mlm, sweep, nmt, cfg, t0):
         "wall_seconds_this_invocation": round(time.time() - t0, 1),
     }
     cfg.out.mkdir(parents=True, exist_ok=True)
-    write_atomic(cfg.out / "paper_checks.json", json.dumps(out, indent=1, default=str))
+    write_json(cfg.out / "paper_checks.json", out)
     plot(mlm, sweep, summary, nmt, cfg.out, cfg)
     write_atomic(cfg.out / "paper_checks_results.md", markdown(summary, cfg))
     return summary
@@ -640,7 +607,7 @@ def main(argv=None):
                 f = cfg.work_dir / "nmt" / "attn_done.json"
             else:
                 f = rd / "result.json"
-            return json.loads(f.read_text(encoding="utf-8")) if f.exists() else None
+            return read_json(f)
         if kind == "nmt":
             return run_nmt(cfg)
         return run_mlm(lab, seed, lr, data_bin, cfg)
@@ -651,7 +618,7 @@ def main(argv=None):
         for job, fut in futures.items():
             try:
                 results[job] = fut.result()
-            except convergence.StudyError as err:
+            except StudyError as err:
                 log.error("%s failed: %s", job, err)
                 results[job] = None
     mlm = [r for (k, *_), r in results.items() if k == "mlm" and r]
