@@ -39,6 +39,11 @@ VARIANTS = study.VARIANTS  # label -> arch prefix (<prefix>_tiny)
 # stage 1: data
 
 
+def prepared_text(work: Path, split: str, lang: str) -> Path:
+    """The BPE'd text of one split, where prepare_multi30k.sh leaves it (WORK/final/)."""
+    return work / "prep" / "final" / f"{split}.{lang}"
+
+
 def prepare_data(data_root: Path, work: Path, bpe_merges: int, limits: Dict[str, int]) -> Path:
     """scripts/prepare_multi30k.sh into ``work/data-bin``; its stages are skipped on a re-run
     with the same settings and redone when they change."""

@@ -43,6 +43,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import convergence
 import study
 from study import (
     DEFAULT_DATA,
@@ -282,11 +283,11 @@ def run_nmt(cfg) -> Optional[Dict]:
         run_dir = work / "runs" / f"{prefix}_seed1"
         attention_stats(
             run_dir / "checkpoint_last.pt",
-            work / "bpe" / "test.en",
+            convergence.prepared_text(work, "test", "en"),
             run_dir / "attn",
             work / "data-bin",
             cfg,
-            target=work / "bpe" / "test.fr",
+            target=convergence.prepared_text(work, "test", "fr"),
         )
         res[label] = load_attn(run_dir / "attn")
     write_json(done, res)

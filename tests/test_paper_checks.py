@@ -27,3 +27,31 @@ def test_updates_to_reach():
     curve = [{"update": 40, "loss": 7.0}, {"update": 80, "loss": 6.0}, {"update": 120, "loss": 5.5}]
     assert paper_checks.updates_to_reach(curve, 6.0) == 80
     assert paper_checks.updates_to_reach(curve, 5.0) is None
+
+
+def test_nmt_attention_reads_the_text_convergence_prepared(tmp_path, monkeypatch):
+    """The NMT part's attention input is the BPE'd test set that convergence.py's
+    preparation writes (prepare_multi30k.sh --work-dir P leaves it in P/final/)."""
+    import convergence
+
+    commands = []
+    monkeypatch.setattr(convergence.study, "run", lambda cmd, *a, **k: commands.append(cmd))
+    work = tmp_path / "work"
+    convergence.prepare_data(Path("/data"), work, 100, {})
+    prep_dir = Path(commands[0][commands[0].index("--work-dir") + 1])
+    assert convergence.prepared_text(work, "test", "en") == prep_dir / "final" / "test.en"
+
+    cfg = paper_checks.parse_args(["--work-dir", str(tmp_path), "--out", str(tmp_path / "out")])
+    inputs = []
+    monkeypatch.setattr(paper_checks, "run", lambda *a, **k: None)
+    monkeypatch.setattr(
+        paper_checks,
+        "attention_stats",
+        lambda ckpt, inp, *a, target=None: inputs.append((inp, target)),
+    )
+    monkeypatch.setattr(paper_checks, "load_attn", lambda out: {})
+    (tmp_path / "nmt").mkdir()
+    paper_checks.run_nmt(cfg)
+    nmt_work = tmp_path / "nmt" / "work"
+    assert {i for i, _ in inputs} == {nmt_work / "prep" / "final" / "test.en"}
+    assert {t for _, t in inputs} == {nmt_work / "prep" / "final" / "test.fr"}
