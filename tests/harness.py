@@ -265,6 +265,25 @@ def build_translation_model(
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task), dictionary
 
 
+# dropout off, as build_translation_model overrides
+NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+
+
+def build_fairseq_tiny_transformer(**overrides):
+    """fairseq's own ``transformer`` (model and arch) at the width of the plugin's
+    ``*_transformer_tiny`` (64 wide, FFN 128, 2 heads); ``overrides`` and the return
+    value as for :func:`build_translation_model`."""
+    return build_translation_model(
+        "transformer",
+        model="transformer",
+        encoder_embed_dim=64,
+        encoder_ffn_embed_dim=128,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        **overrides,
+    )
+
+
 def random_batch(
     dictionary, bsz: int = 3, src_len: int = 7, tgt_len: int = 6, seed: int = 0, pad_rows=(1,)
 ):
