@@ -304,6 +304,15 @@ def random_batch(
     return src, src_lengths, tgt
 
 
+# RealFormer's BERT sizes (He et al. 2020, Table 1): size -> (layers, width, heads, ffn)
+PAPER_BERT_SIZES = {
+    "tiny": (2, 64, 2, 128),  # not the paper's: for tests on CPU
+    "small": (4, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+    "xlarge": (36, 1536, 24, 6144),
+}
+
 MLM_TOKENS_PER_SAMPLE = 64
 
 MLM_COMMON = [
