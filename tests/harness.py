@@ -337,41 +337,61 @@ MLM_COMMON = [
 ]
 
 
+def fairseq_train(data_bin: Path, *args) -> str:
+    """fairseq-train on ``data_bin`` with the plugin (``--user-dir``) and ``args``; its output."""
+    return run([fairseq_command("fairseq-train"), data_bin, "--user-dir", USER_DIR, *args])
+
+
+# fairseq-train's task arguments for the data of make_language_id_data (English 0 /
+# French 1): sentence_prediction with the classification head "language_id"
+LANGUAGE_ID_TASK = [
+    "--task",
+    "sentence_prediction",
+    "--criterion",
+    "sentence_prediction",
+    "--num-classes",
+    "2",
+    "--classification-head-name",
+    "language_id",
+    "--max-positions",
+    str(MLM_TOKENS_PER_SAMPLE),
+    "--init-token",
+    "0",
+    "--separator-token",
+    "2",
+]
+
+
 def train_masked_lm(
     data_bin: Path, save_dir: Path, arch="realformer_bert_tiny", max_update=60, extra=()
 ):
-    return run(
-        [
-            fairseq_command("fairseq-train"),
-            data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "masked_lm",
-            "--criterion",
-            "masked_lm",
-            "--arch",
-            arch,
-            "--tokens-per-sample",
-            str(MLM_TOKENS_PER_SAMPLE),
-            # blocks of whole sentences up to --tokens-per-sample, as in RoBERTa pre-training
-            "--sample-break-mode",
-            "complete",
-            "--lr",
-            "1e-3",
-            "--warmup-updates",
-            "20",
-            "--max-update",
-            str(max_update),
-            "--validate-interval-updates",
-            str(max(max_update // 3, 1)),
-            "--validate-interval",
-            "1000",  # epochs: validate on the update interval (and at the end) only
-            "--save-dir",
-            save_dir,
-            *MLM_COMMON,
-            *extra,
-        ]
+    return fairseq_train(
+        data_bin,
+        "--task",
+        "masked_lm",
+        "--criterion",
+        "masked_lm",
+        "--arch",
+        arch,
+        "--tokens-per-sample",
+        str(MLM_TOKENS_PER_SAMPLE),
+        # blocks of whole sentences up to --tokens-per-sample, as in RoBERTa pre-training
+        "--sample-break-mode",
+        "complete",
+        "--lr",
+        "1e-3",
+        "--warmup-updates",
+        "20",
+        "--max-update",
+        str(max_update),
+        "--validate-interval-updates",
+        str(max(max_update // 3, 1)),
+        "--validate-interval",
+        "1000",  # epochs: validate on the update interval (and at the end) only
+        "--save-dir",
+        save_dir,
+        *MLM_COMMON,
+        *extra,
     )
 
 
