@@ -265,6 +265,25 @@ def build_translation_model(
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task), dictionary
 
 
+# dropout off, as build_translation_model overrides
+NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+
+
+def build_fairseq_tiny_transformer(**overrides):
+    """fairseq's own ``transformer`` (model and arch) at the width of the plugin's
+    ``*_transformer_tiny`` (64 wide, FFN 128, 2 heads); ``overrides`` and the return
+    value as for :func:`build_translation_model`."""
+    return build_translation_model(
+        "transformer",
+        model="transformer",
+        encoder_embed_dim=64,
+        encoder_ffn_embed_dim=128,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        **overrides,
+    )
+
+
 def random_batch(
     dictionary, bsz: int = 3, src_len: int = 7, tgt_len: int = 6, seed: int = 0, pad_rows=(1,)
 ):
@@ -284,6 +303,15 @@ def random_batch(
     src_lengths = src.ne(dictionary.pad()).sum(1)
     return src, src_lengths, tgt
 
+
+# RealFormer's BERT sizes (He et al. 2020, Table 1): size -> (layers, width, heads, ffn)
+PAPER_BERT_SIZES = {
+    "tiny": (2, 64, 2, 128),  # not the paper's: for tests on CPU
+    "small": (4, 512, 8, 2048),
+    "base": (12, 768, 12, 3072),
+    "large": (24, 1024, 16, 4096),
+    "xlarge": (36, 1536, 24, 6144),
+}
 
 MLM_TOKENS_PER_SAMPLE = 64
 
@@ -309,41 +337,61 @@ MLM_COMMON = [
 ]
 
 
+def fairseq_train(data_bin: Path, *args) -> str:
+    """fairseq-train on ``data_bin`` with the plugin (``--user-dir``) and ``args``; its output."""
+    return run([fairseq_command("fairseq-train"), data_bin, "--user-dir", USER_DIR, *args])
+
+
+# fairseq-train's task arguments for the data of make_language_id_data (English 0 /
+# French 1): sentence_prediction with the classification head "language_id"
+LANGUAGE_ID_TASK = [
+    "--task",
+    "sentence_prediction",
+    "--criterion",
+    "sentence_prediction",
+    "--num-classes",
+    "2",
+    "--classification-head-name",
+    "language_id",
+    "--max-positions",
+    str(MLM_TOKENS_PER_SAMPLE),
+    "--init-token",
+    "0",
+    "--separator-token",
+    "2",
+]
+
+
 def train_masked_lm(
     data_bin: Path, save_dir: Path, arch="realformer_bert_tiny", max_update=60, extra=()
 ):
-    return run(
-        [
-            fairseq_command("fairseq-train"),
-            data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "masked_lm",
-            "--criterion",
-            "masked_lm",
-            "--arch",
-            arch,
-            "--tokens-per-sample",
-            str(MLM_TOKENS_PER_SAMPLE),
-            # blocks of whole sentences up to --tokens-per-sample, as in RoBERTa pre-training
-            "--sample-break-mode",
-            "complete",
-            "--lr",
-            "1e-3",
-            "--warmup-updates",
-            "20",
-            "--max-update",
-            str(max_update),
-            "--validate-interval-updates",
-            str(max(max_update // 3, 1)),
-            "--validate-interval",
-            "1000",  # epochs: validate on the update interval (and at the end) only
-            "--save-dir",
-            save_dir,
-            *MLM_COMMON,
-            *extra,
-        ]
+    return fairseq_train(
+        data_bin,
+        "--task",
+        "masked_lm",
+        "--criterion",
+        "masked_lm",
+        "--arch",
+        arch,
+        "--tokens-per-sample",
+        str(MLM_TOKENS_PER_SAMPLE),
+        # blocks of whole sentences up to --tokens-per-sample, as in RoBERTa pre-training
+        "--sample-break-mode",
+        "complete",
+        "--lr",
+        "1e-3",
+        "--warmup-updates",
+        "20",
+        "--max-update",
+        str(max_update),
+        "--validate-interval-updates",
+        str(max(max_update // 3, 1)),
+        "--validate-interval",
+        "1000",  # epochs: validate on the update interval (and at the end) only
+        "--save-dir",
+        save_dir,
+        *MLM_COMMON,
+        *extra,
     )
 
 

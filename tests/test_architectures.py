@@ -2,13 +2,15 @@
 
 Sizes are RealFormer's (He et al. 2020, arXiv 2012.11747): NMT width 512/2048/8 heads
 at 6L-6L, 18L-18L, 60L-12L, and its BERT Table 1 sizes; the decoder-only LMs mirror
-fairseq's ``transformer_lm`` sizes. Expected values are written
-here; the arch functions must give the same on an argparse Namespace and a DictConfig.
+fairseq's ``transformer_lm`` sizes. Expected values are written here (the BERT sizes
+in ``harness.PAPER_BERT_SIZES``, shared with test_roberta); the arch functions must give
+the same on an argparse Namespace and a DictConfig.
 """
 
 import argparse
 
 import pytest
+from harness import PAPER_BERT_SIZES as BERT_SIZES
 from omegaconf import OmegaConf, open_dict
 
 import realformer_fairseq  # noqa: F401 (registers the architectures)
@@ -26,14 +28,6 @@ NMT_VARIANTS = {
     "admin_transformer": ("none", None, "admin", False),
     "postln_transformer": ("none", None, "default", False),
     "preln_transformer": ("none", None, "default", True),
-}
-# size -> (layers, width, heads, ffn)
-BERT_SIZES = {
-    "tiny": (2, 64, 2, 128),
-    "small": (4, 512, 8, 2048),
-    "base": (12, 768, 12, 3072),
-    "large": (24, 1024, 16, 4096),
-    "xlarge": (36, 1536, 24, 6144),
 }
 # variant -> (residual_attention, residual_attention_mode, normalize_before, layernorm_embedding)
 BERT_VARIANTS = {
@@ -58,6 +52,14 @@ LM_VARIANTS = {
 }
 
 
+def expected_flags(residual, mode, init):
+    """What every family's arch sets besides its sizes: dropout 0.1 and the plugin's flags."""
+    return {
+        "dropout": 0.1, "residual_attention": residual, "residual_attention_mode": mode,
+        "init_type": init, "admin_allow_pre_ln": False, "admin_profile_out": None,
+    }  # fmt: skip
+
+
 def expected_nmt(variant, size):
     enc, dec, width, ffn, heads, share = NMT_SIZES[size]
     residual, mode, init, pre_ln = NMT_VARIANTS[variant]
@@ -65,10 +67,8 @@ def expected_nmt(variant, size):
         "encoder_layers": enc, "decoder_layers": dec, "encoder_embed_dim": width,
         "decoder_embed_dim": width, "encoder_ffn_embed_dim": ffn, "decoder_ffn_embed_dim": ffn,
         "encoder_attention_heads": heads, "decoder_attention_heads": heads,
-        "share_all_embeddings": share, "dropout": 0.1, "encoder_normalize_before": pre_ln,
-        "decoder_normalize_before": pre_ln, "residual_attention": residual,
-        "residual_attention_mode": mode, "init_type": init, "admin_allow_pre_ln": False,
-        "admin_profile_out": None,
+        "share_all_embeddings": share, "encoder_normalize_before": pre_ln,
+        "decoder_normalize_before": pre_ln, **expected_flags(residual, mode, init),
     }  # fmt: skip
 
 
@@ -78,9 +78,7 @@ def expected_bert(variant, size):
     return {
         "encoder_layers": layers, "encoder_embed_dim": width, "encoder_attention_heads": heads,
         "encoder_ffn_embed_dim": ffn, "encoder_normalize_before": pre_ln,
-        "layernorm_embedding": ln_embedding, "dropout": 0.1, "residual_attention": residual,
-        "residual_attention_mode": mode, "init_type": "default", "admin_allow_pre_ln": False,
-        "admin_profile_out": None,
+        "layernorm_embedding": ln_embedding, **expected_flags(residual, mode, "default"),
     }  # fmt: skip
 
 
@@ -90,9 +88,7 @@ def expected_lm(variant, size):
     return {
         "decoder_layers": layers, "decoder_embed_dim": width, "decoder_attention_heads": heads,
         "decoder_ffn_embed_dim": ffn, "decoder_input_dim": width, "decoder_output_dim": width,
-        "decoder_normalize_before": pre_ln, "dropout": 0.1, "residual_attention": residual,
-        "residual_attention_mode": mode, "init_type": init, "admin_allow_pre_ln": False,
-        "admin_profile_out": None,
+        "decoder_normalize_before": pre_ln, **expected_flags(residual, mode, init),
     }  # fmt: skip
 
 

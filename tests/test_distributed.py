@@ -82,6 +82,20 @@ def env(**extra) -> Dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
 
 
+def run_command(cmd: List) -> str:
+    """Run ``cmd`` (``env()``, 10 minutes at most); assert that it succeeded; its output."""
+    proc = subprocess.run(
+        cmd,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    return proc.stdout
+
+
 def run_ranks(launcher: Path, out_dir: Path, args: List[str], world_size=2, **extra_env):
     """Start ``world_size`` fairseq-train ranks (gloo, tcp://); return their logs."""
     init = f"tcp://127.0.0.1:{free_port()}"
@@ -138,21 +152,15 @@ def setup(tmp_path_factory):
     # one process, two batches per update: the global batch of two ranks
     single_dir = root / "single"
     single_dir.mkdir()
-    proc = subprocess.run(
+    single_log = run_command(
         [sys.executable, launcher, single_dir / "state.pt"]
-        + train_args(data_bin, single_dir, "--update-freq", "2"),
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
+        + train_args(data_bin, single_dir, "--update-freq", "2")
     )
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert proc.stdout.count("ADMIN profiling done") == 1
+    assert single_log.count("ADMIN profiling done") == 1
     return {
         "data_bin": data_bin,
         "launcher": launcher,
-        "single_log": proc.stdout,
+        "single_log": single_log,
         "single_state": load(single_dir / "state.pt"),
     }
 
@@ -216,7 +224,7 @@ def test_torchrun_cpu_command(setup, tmp_path):
         "--distributed-backend gloo --ddp-backend legacy_ddp "
         "--distributed-init-method env:// --distributed-rank $RANK --distributed-no-spawn"
     )
-    proc = subprocess.run(
+    log = run_command(
         [
             str(bin_dir / "torchrun"),
             "--nproc_per_node",
@@ -227,13 +235,7 @@ def test_torchrun_cpu_command(setup, tmp_path):
             "bash",
             "-c",
             script,
-        ],
-        env=env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=600,
+        ]
     )
-    assert proc.returncode == 0, proc.stdout[-4000:]
-    assert "distributed init (rank 1): env://" in proc.stdout
-    assert losses(proc.stdout) == losses(setup["single_log"])
+    assert "distributed init (rank 1): env://" in log
+    assert losses(log) == losses(setup["single_log"])

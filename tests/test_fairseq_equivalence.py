@@ -18,7 +18,12 @@ weights, so that drift (a fairseq upgrade, an edit here) is caught:
 import pytest
 import torch
 from fairseq.modules import MultiheadAttention
-from harness import build_translation_model, random_batch
+from harness import (
+    NO_DROPOUT,
+    build_fairseq_tiny_transformer,
+    build_translation_model,
+    random_batch,
+)
 
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
 
@@ -150,9 +155,6 @@ def test_attention_incremental_steps_with_reordering_equal_fairseq(kind):
             assert torch.equal(mine, theirs), f"{name} at step {step}"
 
 
-NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
-
-
 def model_pair(variant: str):
     """Our model with residual attention off and fairseq's ``transformer`` with the
     same weights (3L-2L, 64 wide, 2 heads)."""
@@ -162,16 +164,8 @@ def model_pair(variant: str):
     ours, dictionary = build_translation_model(
         f"{variant}_transformer_tiny", init_type="default", **sizes
     )
-    vanilla, _ = build_translation_model(
-        "transformer",
-        model="transformer",
-        encoder_embed_dim=64,
-        encoder_ffn_embed_dim=128,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_normalize_before=norm_before,
-        decoder_normalize_before=norm_before,
-        **sizes,
+    vanilla, _ = build_fairseq_tiny_transformer(
+        encoder_normalize_before=norm_before, decoder_normalize_before=norm_before, **sizes
     )
     assert type(vanilla).__name__ == "TransformerModel"
     assert ours.encoder.layers[0].normalize_before is norm_before

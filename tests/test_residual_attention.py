@@ -8,11 +8,14 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from harness import build_translation_model, random_batch
+from harness import (
+    NO_DROPOUT,
+    build_fairseq_tiny_transformer,
+    build_translation_model,
+    random_batch,
+)
 
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
-
-NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
 
 
 def record_attention(module, records):
@@ -133,16 +136,8 @@ def test_residual_off_equals_fairseq_transformer_exactly():
         decoder_layers=2,
         share_all_embeddings=True,
     )
-    vanilla, _ = build_translation_model(
-        "transformer",
-        model="transformer",
-        encoder_embed_dim=64,
-        encoder_ffn_embed_dim=128,
-        encoder_attention_heads=2,
-        decoder_attention_heads=2,
-        encoder_layers=3,
-        decoder_layers=2,
-        share_all_embeddings=True,
+    vanilla, _ = build_fairseq_tiny_transformer(
+        encoder_layers=3, decoder_layers=2, share_all_embeddings=True
     )
     assert type(vanilla).__name__ == "TransformerModel"
     _copy_weights(vanilla, ours)

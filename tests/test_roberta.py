@@ -12,15 +12,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import (
+    LANGUAGE_ID_TASK,
+)
 from harness import MLM_COMMON as COMMON
 from harness import MLM_TOKENS_PER_SAMPLE as TOKENS_PER_SAMPLE
 from harness import (
+    PAPER_BERT_SIZES,
     USER_DIR,
-    fairseq_command,
+    fairseq_train,
     make_language_id_data,
     make_mlm_data,
     parse_valid_loss,
-    run,
 )
 from harness import train_masked_lm as train_mlm
 
@@ -44,47 +47,29 @@ def train_classifier(
     max_update=60,
     extra=(),
 ):
-    return run(
-        [
-            fairseq_command("fairseq-train"),
-            data_bin,
-            "--user-dir",
-            USER_DIR,
-            "--task",
-            "sentence_prediction",
-            "--criterion",
-            "sentence_prediction",
-            "--num-classes",
-            "2",
-            "--classification-head-name",
-            "language_id",
-            "--max-positions",
-            str(TOKENS_PER_SAMPLE),
-            "--init-token",
-            "0",
-            "--separator-token",
-            "2",
-            "--arch",
-            arch,
-            "--restore-file",
-            restore,
-            "--reset-optimizer",
-            "--reset-dataloader",
-            "--reset-meters",
-            "--lr",
-            "5e-4",
-            "--warmup-updates",
-            "10",
-            "--max-update",
-            str(max_update),
-            "--best-checkpoint-metric",
-            "accuracy",
-            "--maximize-best-checkpoint-metric",
-            "--save-dir",
-            save_dir,
-            *COMMON,
-            *extra,
-        ]
+    return fairseq_train(
+        data_bin,
+        *LANGUAGE_ID_TASK,
+        "--arch",
+        arch,
+        "--restore-file",
+        restore,
+        "--reset-optimizer",
+        "--reset-dataloader",
+        "--reset-meters",
+        "--lr",
+        "5e-4",
+        "--warmup-updates",
+        "10",
+        "--max-update",
+        str(max_update),
+        "--best-checkpoint-metric",
+        "accuracy",
+        "--maximize-best-checkpoint-metric",
+        "--save-dir",
+        save_dir,
+        *COMMON,
+        *extra,
     )
 
 
@@ -145,17 +130,11 @@ def build_model(data_bin: Path, arch: str, *extra: str):
 # architectures and structure
 
 
-@pytest.mark.parametrize("size", ["tiny", "small", "base", "large", "xlarge"])
+@pytest.mark.parametrize("size", list(PAPER_BERT_SIZES))
 def test_arch_sizes_and_paper_defaults(size):
     from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
 
-    expected = {
-        "small": (4, 512, 8, 2048),
-        "base": (12, 768, 12, 3072),
-        "large": (24, 1024, 16, 4096),
-        "xlarge": (36, 1536, 24, 6144),
-        "tiny": (2, 64, 2, 128),
-    }[size]
+    expected = PAPER_BERT_SIZES[size]
     for variant in ("realformer_bert", "postln_bert", "preln_bert"):
         name = f"{variant}_{size}"
         assert ARCH_MODEL_REGISTRY[name] is RealformerRobertaModel

@@ -15,7 +15,14 @@ import re
 
 import pytest
 import torch
-from harness import USER_DIR, build_translation_model, random_batch, toy_dictionary
+from harness import NO_DROPOUT as NAMESPACE_NO_DROPOUT
+from harness import (
+    USER_DIR,
+    build_fairseq_tiny_transformer,
+    build_translation_model,
+    random_batch,
+    toy_dictionary,
+)
 
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
 
@@ -28,15 +35,9 @@ OURS_OFF = ["--arch", "postln_transformer_tiny", *LAYERS]
 # residual attention on (all three chains, running mean), fairseq's init
 OURS_ON = ["--arch", "realformer_tiny", "--init-type", "default", *LAYERS]
 NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
-# the same, as the args Namespace a checkpoint carries (what --model-overrides edits)
+# the same, as the args Namespace a checkpoint carries (what --model-overrides edits);
+# NAMESPACE_NO_DROPOUT (from harness) is NO_DROPOUT's
 NAMESPACE_LAYERS = dict(encoder_layers=4, decoder_layers=4, share_all_embeddings=True)
-NAMESPACE_FAIRSEQ = dict(
-    encoder_embed_dim=64,
-    encoder_ffn_embed_dim=128,
-    encoder_attention_heads=2,
-    decoder_attention_heads=2,
-    **NAMESPACE_LAYERS,
-)
 
 BERT_TINY = ["--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128"]
 BERT_TINY += ["--encoder-attention-heads", "2", "--encoder-layers", "4"]
@@ -169,9 +170,7 @@ def test_layers_to_keep_prunes_the_checkpoint_as_fairseq():
     full, dictionary = build_translation_model("postln_transformer_tiny", **NAMESPACE_LAYERS)
     keep = dict(encoder_layers_to_keep="0,2", decoder_layers_to_keep="1,2,3")
     ours, _ = build_translation_model("postln_transformer_tiny", **NAMESPACE_LAYERS, **keep)
-    vanilla, _ = build_translation_model(
-        "transformer", model="transformer", **NAMESPACE_FAIRSEQ, **keep
-    )
+    vanilla, _ = build_fairseq_tiny_transformer(**NAMESPACE_LAYERS, **keep)
     assert (len(ours.encoder.layers), len(ours.decoder.layers)) == (2, 3)
     state = {k: v for k, v in full.state_dict().items() if k != "admin_profiled"}
     for model in (ours, vanilla):
@@ -427,10 +426,8 @@ def test_layers_to_keep_of_one_side_is_refused_as_fairseq_drops_the_other_side()
     """fairseq 0.12.3's prune_state_dict keeps only the layers of the sides it
     prunes: with encoder_layers_to_keep alone, its own transformer loses every
     decoder layer of the checkpoint. Ours refuses that at start-up."""
-    full, _ = build_translation_model("transformer", model="transformer", **NAMESPACE_FAIRSEQ)
-    vanilla, _ = build_translation_model(
-        "transformer", model="transformer", encoder_layers_to_keep="0,2", **NAMESPACE_FAIRSEQ
-    )
+    full, _ = build_fairseq_tiny_transformer(**NAMESPACE_LAYERS)
+    vanilla, _ = build_fairseq_tiny_transformer(encoder_layers_to_keep="0,2", **NAMESPACE_LAYERS)
     with pytest.raises(RuntimeError, match=r"Missing key\(s\)[^\n]*decoder\.layers\.0\."):
         vanilla.load_state_dict(full.state_dict(), model_cfg=vanilla.args)
     for side, other in (("encoder", "decoder"), ("decoder", "encoder")):
@@ -499,9 +496,7 @@ def test_layerdrop_with_residual_attention_leaves_the_layer_out_of_the_stream(di
     pruned, _ = build_translation_model(
         "realformer_tiny",
         init_type="default",
-        dropout=0.0,
-        attention_dropout=0.0,
-        activation_dropout=0.0,
+        **NAMESPACE_NO_DROPOUT,
         **NAMESPACE_LAYERS,
         **{
             "encoder_layers_to_keep": "0,1,2,3",
@@ -519,15 +514,16 @@ def test_admin_profiling_profiles_every_layer_under_layerdrop():
     """ADMIN's omega comes from one pass over the full stack: LayerDrop is paused
     while profiling (a dropped layer would keep omega = 1 and the ratio chain
     would skip it), and works again afterwards."""
-    no_dropout = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
     torch.manual_seed(0)
-    plain, dictionary = build_translation_model("realformer_tiny", **NAMESPACE_LAYERS, **no_dropout)
+    plain, dictionary = build_translation_model(
+        "realformer_tiny", **NAMESPACE_LAYERS, **NAMESPACE_NO_DROPOUT
+    )
     dropping, _ = build_translation_model(
         "realformer_tiny",
         encoder_layerdrop=0.5,
         decoder_layerdrop=0.5,
         **NAMESPACE_LAYERS,
-        **no_dropout,
+        **NAMESPACE_NO_DROPOUT,
     )
     dropping.load_state_dict(plain.state_dict())
     batch = random_batch(dictionary)

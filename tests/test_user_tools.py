@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 from harness import (
+    LANGUAGE_ID_TASK,
     MLM_COMMON,
-    MLM_TOKENS_PER_SAMPLE,
     REPO_ROOT,
     USER_DIR,
     fairseq_command,
+    fairseq_train,
     parse_train_losses,
     parse_valid_loss,
     run,
@@ -285,17 +286,11 @@ def encoder_only(pipeline):
         raw / "train.input0", raw / "valid.input0", cls_bin / "input0", ["--srcdict", srcdict]
     )
     preprocess(raw / "train.label", raw / "valid.label", cls_bin / "label")
-    cls_log = run(
-        [
-            fairseq_command("fairseq-train"), cls_bin, "--user-dir", USER_DIR,
-            "--task", "sentence_prediction", "--criterion", "sentence_prediction",
-            "--num-classes", "2", "--classification-head-name", "language_id",
-            "--max-positions", str(MLM_TOKENS_PER_SAMPLE), "--init-token", "0",
-            "--separator-token", "2", "--arch", "realformer_bert_tiny", "--lr", "1e-3",
-            "--warmup-updates", "5", "--max-update", "30", "--validate-interval-updates", "30",
-            "--save-dir", root / "cls_ckpt", *MLM_COMMON,
-        ]  # fmt: skip
-    )
+    cls_log = fairseq_train(
+        cls_bin, *LANGUAGE_ID_TASK, "--arch", "realformer_bert_tiny", "--lr", "1e-3",
+        "--warmup-updates", "5", "--max-update", "30", "--validate-interval-updates", "30",
+        "--save-dir", root / "cls_ckpt", *MLM_COMMON,
+    )  # fmt: skip
     return {
         "mlm_bin": mlm_bin,
         "mlm_dir": root / "mlm_ckpt",
@@ -307,6 +302,20 @@ def encoder_only(pipeline):
     }
 
 
+def load_encoder_only(encoder_only, run_name: str):
+    """``RealformerRobertaModel.from_pretrained`` of the ``run_name`` run of
+    ``encoder_only`` ("mlm" or "cls"), in eval mode."""
+    from realformer_fairseq.models.realformer_roberta import RealformerRobertaModel
+
+    return RealformerRobertaModel.from_pretrained(
+        str(encoder_only[f"{run_name}_dir"]),
+        checkpoint_file="checkpoint_last.pt",
+        data_name_or_path=str(encoder_only[f"{run_name}_bin"]),
+        bpe="subword_nmt",
+        bpe_codes=str(encoder_only["bpecodes"]),
+    ).eval()
+
+
 def test_fill_mask_ranks_the_models_own_predictions(encoder_only):
     from fairseq.models.roberta.hub_interface import RobertaHubInterface
 
@@ -314,13 +323,7 @@ def test_fill_mask_ranks_the_models_own_predictions(encoder_only):
     from realformer_fairseq.models.realformer_roberta import RealformerRobertaModel
     from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
 
-    bert = RealformerRobertaModel.from_pretrained(
-        str(encoder_only["mlm_dir"]),
-        checkpoint_file="checkpoint_last.pt",
-        data_name_or_path=str(encoder_only["mlm_bin"]),
-        bpe="subword_nmt",
-        bpe_codes=str(encoder_only["bpecodes"]),
-    ).eval()
+    bert = load_encoder_only(encoder_only, "mlm")
     assert isinstance(bert, RealformerRobertaHubInterface)
     assert isinstance(bert.model, RealformerRobertaModel)
     assert any(isinstance(m, RealformerMultiheadAttention) for m in bert.model.modules())
@@ -349,15 +352,7 @@ def test_fill_mask_ranks_the_models_own_predictions(encoder_only):
 
 
 def test_predict_reproduces_the_validation_accuracy_fairseq_logged(encoder_only):
-    from realformer_fairseq.models.realformer_roberta import RealformerRobertaModel
-
-    clf = RealformerRobertaModel.from_pretrained(
-        str(encoder_only["cls_dir"]),
-        checkpoint_file="checkpoint_last.pt",
-        data_name_or_path=str(encoder_only["cls_bin"]),
-        bpe="subword_nmt",
-        bpe_codes=str(encoder_only["bpecodes"]),
-    ).eval()
+    clf = load_encoder_only(encoder_only, "cls")
     valid = encoder_only["valid_tok"]
     assert len(valid) == 40
     with torch.no_grad():

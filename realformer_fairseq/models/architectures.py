@@ -21,8 +21,9 @@ LM's ``gpt2_small`` mirrors fairseq's ``transformer_lm_gpt2_small``). ``residual
 residual. A value ``SameAs("key")`` takes the (already resolved) value of another key.
 
 To add a family (as the decoder-only LM, ``realformer_lm*``, was), add an entry to
-``FAMILIES`` and call ``register_family_architectures("<model name>")`` in the model's
-module after its ``@register_model`` class; nothing else changes.
+``FAMILIES`` and call ``register_family_base_architecture("<model name>")`` and
+``register_family_architectures("<model name>")`` in the model's module after its
+``@register_model`` class; nothing else changes.
 """
 
 import dataclasses
@@ -267,6 +268,14 @@ def family_base_architecture(family_name: str, size: Optional[str] = None) -> Ca
 
     architecture.__name__ = f"{family_name}_base_architecture"
     return architecture
+
+
+def register_family_base_architecture(family_name: str, size: Optional[str] = None) -> Callable:
+    """Register :func:`family_base_architecture` as the arch named after the model
+    ``family_name`` (registered already); returns the arch function."""
+    return register_model_architecture(family_name, family_name)(
+        family_base_architecture(family_name, size)
+    )
 
 
 def make_architecture(family_name: str, variant: str, size: str) -> Callable:

@@ -33,7 +33,7 @@ fairseq init; ``preln_transformer_lm*``: Pre-LN, fairseq init (= fairseq's
 import logging
 
 from fairseq import options, utils
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.transformer_lm import (
     DEFAULT_MAX_TARGET_POSITIONS,
     TransformerLanguageModel,
@@ -45,18 +45,18 @@ from omegaconf import OmegaConf
 from ..errors import exit_on_config_error
 from ..modules.admin import AdminProfilingMixin
 from ..modules.realformer_layer import every_layer
-from ..settings import (
-    RealformerSettings,
-    check_layers_match_settings,
-    namespace_of,
-    read_realformer_settings,
+from ..settings import RealformerSettings, check_layers_match_settings, namespace_of
+from .architectures import (
+    FAMILIES,
+    register_family_architectures,
+    register_family_base_architecture,
 )
-from .architectures import FAMILIES, family_base_architecture, register_family_architectures
 from .checkpoint_guard import ArchCheckedLoadMixin
 from .realformer_transformer import (
     RealformerTransformerDecoder,
     add_realformer_args,
-    validate_realformer_args,
+    arch_label,
+    read_and_validate_realformer_args,
 )
 
 logger = logging.getLogger(__name__)
@@ -119,10 +119,9 @@ class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, Transfo
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
         realformer_lm_base_architecture(args)
-        settings = read_realformer_settings(
+        settings = read_and_validate_realformer_args(
             args, model_chains=DECODER_ONLY_CHAINS, model_name="this decoder-only language model"
         )
-        validate_realformer_args(args, chains_used=DECODER_ONLY_CHAINS)
 
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
@@ -179,7 +178,7 @@ class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, Transfo
             settings,
             {"decoder": [layer.self_attn for layer in every_layer(decoder.layers)]},
             model,
-            model_name=f"--arch {utils.safe_getattr(args, 'arch', None) or args._name}",
+            model_name=arch_label(args),
         )
         return model
 
@@ -191,9 +190,7 @@ class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, Transfo
 
 # Architectures: every default is in models/architectures.py (FAMILIES["realformer_lm"]).
 
-realformer_lm_base_architecture = register_model_architecture("realformer_lm", "realformer_lm")(
-    family_base_architecture("realformer_lm", "")
-)
+realformer_lm_base_architecture = register_family_base_architecture("realformer_lm", "")
 
 LM_ARCHITECTURES = {
     "realformer_lm": realformer_lm_base_architecture,

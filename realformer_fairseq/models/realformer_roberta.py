@@ -24,20 +24,21 @@ baseline, as fairseq's ``roberta_prenorm``) at the paper's Table 1 sizes (``tiny
 import logging
 
 from fairseq import utils
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.roberta.model import RobertaEncoder, RobertaModel
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
 
 from ..errors import exit_on_config_error
 from ..modules.admin import AdminProfilingMixin
 from ..modules.realformer_layer import every_layer
-from ..settings import RealformerSettings, check_layers_match_settings, read_realformer_settings
-from .architectures import family_base_architecture, register_family_architectures
+from ..settings import RealformerSettings, check_layers_match_settings
+from .architectures import register_family_architectures, register_family_base_architecture
 from .checkpoint_guard import ArchCheckedLoadMixin
 from .realformer_transformer import (
     RealformerTransformerEncoder,
     add_realformer_args,
-    validate_realformer_args,
+    arch_label,
+    read_and_validate_realformer_args,
 )
 
 logger = logging.getLogger(__name__)
@@ -95,10 +96,9 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
             OmegaConf.set_struct(args, False)
 
         realformer_roberta_base_architecture(args)
-        settings = read_realformer_settings(
+        settings = read_and_validate_realformer_args(
             args, model_chains=ENCODER_ONLY_CHAINS, model_name="this encoder-only model"
         )
-        validate_realformer_args(args, chains_used=ENCODER_ONLY_CHAINS)
 
         if not utils.safe_hasattr(args, "max_positions"):
             if not utils.safe_hasattr(args, "tokens_per_sample"):
@@ -116,7 +116,7 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
             settings,
             {"encoder": [layer.self_attn for layer in every_layer(layers)]},
             model,
-            model_name=f"--arch {utils.safe_getattr(args, 'arch', None) or args._name}",
+            model_name=arch_label(args),
         )
         return model
 
@@ -165,8 +165,6 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
 
 # Architectures: every default is in models/architectures.py (FAMILIES).
 
-realformer_roberta_base_architecture = register_model_architecture(
-    "realformer_roberta", "realformer_roberta"
-)(family_base_architecture("realformer_roberta"))
+realformer_roberta_base_architecture = register_family_base_architecture("realformer_roberta")
 
 BERT_ARCHITECTURES = register_family_architectures("realformer_roberta")

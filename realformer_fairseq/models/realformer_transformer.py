@@ -10,12 +10,12 @@ decoder self-attention (``decoder``) and decoder cross-attention (``cross``).
 
 import contextlib
 import logging
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 from fairseq import utils
 from fairseq.distributed import fsdp_wrap
-from fairseq.models import register_model, register_model_architecture
+from fairseq.models import register_model
 from fairseq.models.transformer import (
     TransformerConfig,
     TransformerDecoder,
@@ -43,9 +43,9 @@ from ..settings import (
     read_realformer_settings,
 )
 from .architectures import (  # noqa: F401 (realformer_flag_defaults: re-exported)
-    family_base_architecture,
     realformer_flag_defaults,
     register_family_architectures,
+    register_family_base_architecture,
 )
 from .checkpoint_guard import ArchCheckedLoadMixin
 from .supported_flags import refuse_unsupported_flags
@@ -339,6 +339,23 @@ def validate_realformer_args(args, chains_used=("encoder", "decoder", "cross")):
     refuse_unsupported_flags(args, chains_used)
 
 
+def read_and_validate_realformer_args(
+    args, model_chains: Sequence[str], model_name: str
+) -> RealformerSettings:
+    """The settings of a model with only the chains ``model_chains`` (the encoder-only
+    and decoder-only models): :func:`read_realformer_settings` (which refuses a chain
+    the model lacks, naming it ``model_name``), then :func:`validate_realformer_args`."""
+    settings = read_realformer_settings(args, model_chains=model_chains, model_name=model_name)
+    validate_realformer_args(args, chains_used=model_chains)
+    return settings
+
+
+def arch_label(args) -> str:
+    """``--arch NAME`` for the built-model check's messages: ``args.arch``, or the
+    ``_name`` of a hydra model config."""
+    return f"--arch {utils.safe_getattr(args, 'arch', None) or args._name}"
+
+
 @register_model("realformer_transformer")
 class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, TransformerModel):
     """fairseq's :class:`TransformerModel` with RealFormer residual attention
@@ -428,8 +445,6 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
 
 # Architectures: every default is in models/architectures.py (FAMILIES).
 
-realformer_base_architecture = register_model_architecture(
-    "realformer_transformer", "realformer_transformer"
-)(family_base_architecture("realformer_transformer"))
+realformer_base_architecture = register_family_base_architecture("realformer_transformer")
 
 ARCHITECTURES = register_family_architectures("realformer_transformer")
