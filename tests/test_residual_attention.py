@@ -206,6 +206,61 @@ def test_gradient_flows_through_the_stream():
     assert not torch.allclose(wq_a, wq_b)
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_gradients_match_the_formula_written_out(mode):
+    """Backward through a 3-layer chain with a causal mask and padding equals autograd
+    through the formula in plain tensor ops (float64): in-place adds in the module
+    must not change any gradient."""
+    torch.manual_seed(0)
+    embed, heads, tgt_len, bsz = 16, 4, 5, 2
+    d = embed // heads
+    layers = [
+        RealformerMultiheadAttention(
+            embed, heads, residual_attention_mode=mode, self_attention=True
+        ).double()
+        for _ in range(3)
+    ]
+    x = torch.randn(tgt_len, bsz, embed, dtype=torch.float64, requires_grad=True)
+    causal = torch.triu(torch.full((tgt_len, tgt_len), -math.inf, dtype=torch.float64), 1)
+    pad = torch.zeros(bsz, tgt_len, dtype=torch.bool)
+    pad[1, -2:] = True  # right padding: no fully masked row under the causal mask
+    weight = torch.randn(tgt_len, bsz, embed, dtype=torch.float64)
+
+    def module_loss():
+        h, scores, loss = x, None, 0.0
+        for idx, layer in enumerate(layers):
+            h, _, scores = layer(
+                h, h, h, key_padding_mask=pad, attn_mask=causal,
+                prev_attn_scores=scores, layer_idx=idx,
+            )  # fmt: skip
+            loss = loss + (h * weight).sum()
+        return loss
+
+    def formula_loss():
+        def heads_first(t):  # (T, B, E) -> (B, H, T, d)
+            return t.reshape(tgt_len, bsz, heads, d).permute(1, 2, 0, 3)
+
+        h, stream, loss = x, 0.0, 0.0
+        for idx, layer in enumerate(layers):
+            q = heads_first(F.linear(h, layer.q_proj.weight, layer.q_proj.bias))
+            k = heads_first(F.linear(h, layer.k_proj.weight, layer.k_proj.bias))
+            v = heads_first(F.linear(h, layer.v_proj.weight, layer.v_proj.bias))
+            stream = stream + q @ k.transpose(-1, -2) / math.sqrt(d)
+            logits = stream / (idx + 1 if mode == "mean" else 1) + causal
+            logits = logits.masked_fill(pad[:, None, None, :], -math.inf)
+            context = (torch.softmax(logits, -1) @ v).permute(2, 0, 1, 3)
+            h = F.linear(context.reshape(tgt_len, bsz, embed), *layer.out_proj.parameters())
+            loss = loss + (h * weight).sum()
+        return loss
+
+    params = [x] + [p for layer in layers for p in layer.parameters()]
+    grads = torch.autograd.grad(module_loss(), params)
+    expected = torch.autograd.grad(formula_loss(), params)
+    for got, want in zip(grads, expected):
+        torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-9)
+    assert grads[0].abs().sum() > 0
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_deep_stack_keeps_a_finite_float32_stream(dtype):
     torch.manual_seed(0)

@@ -183,7 +183,9 @@ class RealformerMultiheadAttention(MultiheadAttention):
             logits = logits / float(layer_idx + 1)
         if attn_mask is not None:
             # (tgt_len, src_len), additive float (fairseq uses -inf or -1e8)
-            logits = logits + attn_mask.to(logits.dtype).clamp(min=_MASK_VALUE).unsqueeze(0)
+            mask = attn_mask.to(logits.dtype).clamp(min=_MASK_VALUE).unsqueeze(0)
+            # in place where logits is already this layer's own copy (the running mean)
+            logits = logits + mask if logits is attn_scores else logits.add_(mask)
         if key_padding_mask is not None:
             padding = key_padding_mask.view(bsz, 1, 1, src_len).to(torch.bool)
             per_head = logits.view(bsz, self.num_heads, tgt_len, src_len)
