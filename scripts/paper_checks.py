@@ -64,6 +64,7 @@ from study import (
     write_json,
 )
 
+NMT_VARIANTS = (("ADMIN", "admin_transformer"), ("RealFormer+ADMIN", "realformer"))
 VARIANTS = {"Post-LN": "postln_bert", "Pre-LN": "preln_bert", "RealFormer": "realformer_bert"}
 SIZES = {  # name -> layers, width, heads, ffn, batch size (samples of --tokens-per-sample)
     "reduced": (6, 64, 4, 256, 8),
@@ -279,7 +280,7 @@ def run_nmt(cfg) -> Optional[Dict]:
     ]
     run(argv, out.with_suffix(".log"))
     res = {}
-    for label, prefix in (("ADMIN", "admin_transformer"), ("RealFormer+ADMIN", "realformer")):
+    for label, prefix in NMT_VARIANTS:
         run_dir = work / "runs" / f"{prefix}_seed1"
         attention_stats(
             run_dir / "checkpoint_last.pt",
@@ -425,26 +426,26 @@ def plot(mlm, sweep, summary, nmt, out: Path, cfg):
     fig.suptitle("Attention analysis (RealFormer §4.3), held-out text", fontsize=9)
     save(fig, out / "paper_checks_attention.png")
 
-    # 3. the tool's own violin plots of entropy, side by side (seed 1 of each variant)
-    imgs = []
+    # 3. the tool's own violin plots side by side: MLM (seed 1 of each variant, entropy and
+    # JS of the encoder) and NMT (ADMIN vs RealFormer+ADMIN, entropy of each chain)
+    mlm_panels = {}
     for label in VARIANTS:
         r = next((r for r in mlm if r["variant"] == label and "attention" in r), None)
         if r:
             run_dir = cfg.work_dir / "runs" / f"{VARIANTS[label]}_lr{r['lr']:g}_seed{r['seed']}"
             for metric in ("entropy", "js"):
-                pngs = sorted((run_dir / "attn").glob(f"*encoder*{metric}*violin*.png"))
-                if pngs:
-                    imgs.append((f"{label} seed {r['seed']}", metric, pngs[0]))
-    if imgs:
-        fig, axes = plt.subplots(2, len(VARIANTS), figsize=(6 * len(VARIANTS), 8), squeeze=False)
-        for ax in axes.flat:
-            ax.axis("off")
-        for title, metric, png in imgs:
-            col = list(VARIANTS).index(title.split(" seed")[0])
-            row = 0 if metric == "entropy" else 1
-            axes[row][col].imshow(plt.imread(png))
-            axes[row][col].set_title(f"{title}: {metric}", fontsize=9)
-        save(fig, out / "paper_checks_attention_violins.png")
+                mlm_panels[(metric, f"{label} seed {r['seed']}: {metric}")] = (
+                    run_dir / "attn" / f"encoder_{metric}_violin.png"
+                )
+    violins(plt, mlm_panels, out / "paper_checks_attention_violins.png")
+    if nmt:
+        nmt_panels = {
+            (chain, f"{label}: {chain} entropy"): cfg.work_dir / "nmt" / "work" / "runs"
+            / f"{prefix}_seed1" / "attn" / f"{chain}_entropy_violin.png"
+            for chain in ("encoder", "decoder", "cross")
+            for label, prefix in NMT_VARIANTS
+        }  # fmt: skip
+        violins(plt, nmt_panels, out / "paper_checks_nmt_violins.png")
 
     # 4. LR sweep
     if sweep:
@@ -474,6 +475,23 @@ def plot(mlm, sweep, summary, nmt, out: Path, cfg):
 
 def save(fig, path: Path):
     save_figure(fig, path, dpi=110)
+
+
+def violins(plt, panels: Dict, png: Path):
+    """``{(row, title): png}`` -> one figure, a row per distinct ``row``, in order."""
+    panels = {key: path for key, path in panels.items() if path.exists()}
+    if not panels:
+        return
+    rows = list(dict.fromkeys(row for row, _ in panels))
+    cols = max(sum(1 for r, _ in panels if r == row) for row in rows)
+    fig, axes = plt.subplots(len(rows), cols, figsize=(6 * cols, 4 * len(rows)), squeeze=False)
+    for ax in axes.flat:
+        ax.axis("off")
+    for row in rows:
+        for col, (title, path) in enumerate((t, p) for (r, t), p in panels.items() if r == row):
+            axes[rows.index(row)][col].imshow(plt.imread(path))
+            axes[rows.index(row)][col].set_title(title, fontsize=9)
+    save(fig, png)
 
 
 def report(mlm, sweep, nmt, cfg, t0):
