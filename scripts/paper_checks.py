@@ -326,6 +326,11 @@ def summarise(mlm: List[Dict], sweep: List[Dict], nmt: Optional[Dict], cfg) -> D
     # per seed and on the seed-mean curve
     speed = {}
     base = table["Post-LN"]["final_valid_loss"]["mean"]
+    postln = {
+        r["seed"]: r["final_valid_loss"]
+        for r in mlm
+        if r["variant"] == "Post-LN" and not r["diverged"]
+    }
     if base is not None:
         for label in VARIANTS:
             runs = [r for r in mlm if r["variant"] == label and not r["diverged"]]
@@ -333,6 +338,15 @@ def summarise(mlm: List[Dict], sweep: List[Dict], nmt: Optional[Dict], cfg) -> D
                 "target_loss": base,
                 "per_seed": {r["seed"]: updates_to_reach(r["valid_curve"], base) for r in runs},
                 "seed_mean_curve": updates_to_reach(mean_curve(runs), base) if runs else None,
+                # paired by seed (same initial RNG and batch order): the same seed's Post-LN
+                "paired": {
+                    r["seed"]: {
+                        "updates_to_reach": updates_to_reach(r["valid_curve"], postln[r["seed"]]),
+                        "loss_minus_postln": r["final_valid_loss"] - postln[r["seed"]],
+                    }
+                    for r in runs
+                    if r["seed"] in postln
+                },
             }
     attn = {}
     for label in VARIANTS:
@@ -549,6 +563,23 @@ def markdown(summary, cfg) -> str:
             f"| {label} | {fmt(t['final_valid_loss'])} | {fmt(t['final_valid_accuracy'], 2)} | "
             f"{per}; {mean_c if mean_c is not None else 'never'} |"
         )
+    rows += [
+        "",
+        "Paired by seed (same initial RNG and batch order as that seed's Post-LN run):",
+        "",
+        "| variant | final loss − Post-LN's (bits, per seed) | updates to reach that seed's "
+        "Post-LN final loss |",
+        "|---|---|---|",
+    ]
+    for label, sp in summary["updates_to_postln_final_loss"].items():
+        paired = sp.get("paired", {})
+        rows.append(
+            f"| {label} | "
+            + ", ".join(f"s{k}: {v['loss_minus_postln']:+.3f}" for k, v in paired.items())
+            + " | "
+            + ", ".join(f"s{k}: {v['updates_to_reach'] or 'never'}" for k, v in paired.items())
+            + " |"
+        )
     rows += ["", "Attention (MLM encoder, seed mean), per layer 0..L-1:", ""]
     rows += ["| variant | mean entropy (nats) | mean JS to layer below (nats) |", "|---|---|---|"]
     for label, a in summary["mlm_attention"].items():
@@ -568,7 +599,21 @@ def markdown(summary, cfg) -> str:
             f"{r['final_valid_accuracy']:.2f} | {r['diverged']} |"
         )
     nmt = summary.get("nmt_attention")
-    rows += ["", "NMT attention (ADMIN vs RealFormer+ADMIN): " + ("see JSON" if nmt else "not run")]
+    rows += ["", "NMT attention (ADMIN vs RealFormer+ADMIN, seed 1), per layer 0..L-1:", ""]
+    if not nmt:
+        rows.append("not run")
+    else:
+        rows += ["| chain | variant | mean entropy (nats) | mean JS to layer below (nats) |"]
+        rows += ["|---|---|---|---|"]
+        for chain in ("encoder", "decoder", "cross"):
+            for label, chains in nmt.items():
+                if chain in chains:
+                    ent = " ".join(f"{x:.3f}" for x in chains[chain]["entropy_per_layer"]["mean"])
+                    js = " ".join(
+                        "-" if x is None else f"{x:.4f}"
+                        for x in chains[chain]["js_per_layer"]["mean"]
+                    )
+                    rows.append(f"| {chain} | {label} | {ent} | {js} |")
     return "\n".join(rows) + "\n"
 
 
@@ -621,12 +666,11 @@ def main(argv=None):
     def do(job):
         kind, lab, seed, lr = job
         if cfg.report_only:
-            rd = cfg.work_dir / "runs" / f"{VARIANTS.get(lab, '')}_lr{lr:g}_seed{seed}"
             if kind == "nmt":
-                f = cfg.work_dir / "nmt" / "attn_done.json"
-            else:
-                f = rd / "result.json"
-            return read_json(f)
+                return read_json(cfg.work_dir / "nmt" / "attn_done.json")
+            return read_json(
+                cfg.work_dir / "runs" / f"{VARIANTS[lab]}_lr{lr:g}_seed{seed}" / "result.json"
+            )
         if kind == "nmt":
             return run_nmt(cfg)
         return run_mlm(lab, seed, lr, data_bin, cfg)

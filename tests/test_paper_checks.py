@@ -55,3 +55,26 @@ def test_nmt_attention_reads_the_text_convergence_prepared(tmp_path, monkeypatch
     nmt_work = tmp_path / "nmt" / "work"
     assert {i for i, _ in inputs} == {nmt_work / "prep" / "final" / "test.en"}
     assert {t for _, t in inputs} == {nmt_work / "prep" / "final" / "test.fr"}
+
+
+def test_report_only_reads_every_part_without_running(tmp_path, monkeypatch):
+    """--report-only with the NMT part finished (its job has no LR or seed) and no MLM runs:
+    nothing trains, the report is written."""
+    (tmp_path / "nmt").mkdir()
+    (tmp_path / "nmt" / "attn_done.json").write_text("{}")
+    monkeypatch.setattr(paper_checks, "prepare_mlm_data", lambda *a: tmp_path / "mlm-bin")
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("--report-only must not run anything")
+
+    monkeypatch.setattr(paper_checks, "run", no_training)
+    reported = {}
+    monkeypatch.setattr(
+        paper_checks,
+        "report",
+        lambda mlm, sweep, nmt, cfg, t0: reported.update(nmt=nmt) or {"mlm_table": {}},
+    )
+    paper_checks.main(
+        ["--work-dir", str(tmp_path), "--out", str(tmp_path / "out"), "--report-only"]
+    )
+    assert reported == {"nmt": {}}
