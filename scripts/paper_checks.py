@@ -27,7 +27,7 @@ updates): 0.43 updates/s measured on the quiet machine, ~2 h per run, ~14 h for 
 usage:
     python scripts/paper_checks.py                 # the doc's runs: 3 seeds, LR sweep, NMT attention
     python scripts/paper_checks.py --full          # the issue's size (6L, d 256, 3000 updates)
-    python scripts/paper_checks.py --jobs 2 --only mlm lr   # parts: mlm lr attn nmt
+    python scripts/paper_checks.py --jobs 2 --only mlm lr   # parts: mlm lr nmt
 """
 
 import argparse
@@ -156,9 +156,18 @@ def parse_mlm_log(text: str):
     return valid_curve(text, "accuracy"), (statistics.median(ups) if ups else None)
 
 
+def mlm_run_dir(cfg, label: str, lr: float, seed: int) -> Path:
+    return cfg.work_dir / "runs" / f"{VARIANTS[label]}_lr{lr:g}_seed{seed}"
+
+
+def nmt_run_dir(cfg, prefix: str) -> Path:
+    """Where scripts/convergence.py (run by run_nmt) trains the NMT model ``prefix``."""
+    return cfg.work_dir / "nmt" / "work" / "runs" / f"{prefix}_seed1"
+
+
 def run_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[Dict]:
     arch = f"{VARIANTS[label]}_tiny"  # sizes come from the explicit flags
-    run_dir = cfg.work_dir / "runs" / f"{VARIANTS[label]}_lr{lr:g}_seed{seed}"
+    run_dir = mlm_run_dir(cfg, label, lr, seed)
     result_file = run_dir / "result.json"
     result = finished(result_file)
     if result:
@@ -281,7 +290,7 @@ def run_nmt(cfg) -> Optional[Dict]:
     run(argv, out.with_suffix(".log"))
     res = {}
     for label, prefix in NMT_VARIANTS:
-        run_dir = work / "runs" / f"{prefix}_seed1"
+        run_dir = nmt_run_dir(cfg, prefix)
         attention_stats(
             run_dir / "checkpoint_last.pt",
             convergence.prepared_text(work, "test", "en"),
@@ -446,7 +455,7 @@ def plot(mlm, sweep, summary, nmt, out: Path, cfg):
     for label in VARIANTS:
         r = next((r for r in mlm if r["variant"] == label and "attention" in r), None)
         if r:
-            run_dir = cfg.work_dir / "runs" / f"{VARIANTS[label]}_lr{r['lr']:g}_seed{r['seed']}"
+            run_dir = mlm_run_dir(cfg, label, r["lr"], r["seed"])
             for metric in ("entropy", "js"):
                 mlm_panels[(metric, f"{label} seed {r['seed']}: {metric}")] = (
                     run_dir / "attn" / f"encoder_{metric}_violin.png"
@@ -454,8 +463,8 @@ def plot(mlm, sweep, summary, nmt, out: Path, cfg):
     violins(plt, mlm_panels, out / "paper_checks_attention_violins.png")
     if nmt:
         nmt_panels = {
-            (chain, f"{label}: {chain} entropy"): cfg.work_dir / "nmt" / "work" / "runs"
-            / f"{prefix}_seed1" / "attn" / f"{chain}_entropy_violin.png"
+            (chain, f"{label}: {chain} entropy"): nmt_run_dir(cfg, prefix)
+            / "attn" / f"{chain}_entropy_violin.png"
             for chain in ("encoder", "decoder", "cross")
             for label, prefix in NMT_VARIANTS
         }  # fmt: skip
@@ -501,10 +510,10 @@ def violins(plt, panels: Dict, png: Path):
     fig, axes = plt.subplots(len(rows), cols, figsize=(6 * cols, 4 * len(rows)), squeeze=False)
     for ax in axes.flat:
         ax.axis("off")
-    for row in rows:
+    for i, row in enumerate(rows):
         for col, (title, path) in enumerate((t, p) for (r, t), p in panels.items() if r == row):
-            axes[rows.index(row)][col].imshow(plt.imread(path))
-            axes[rows.index(row)][col].set_title(title, fontsize=9)
+            axes[i][col].imshow(plt.imread(path))
+            axes[i][col].set_title(title, fontsize=9)
     save(fig, png)
 
 
@@ -668,9 +677,7 @@ def main(argv=None):
         if cfg.report_only:
             if kind == "nmt":
                 return read_json(cfg.work_dir / "nmt" / "attn_done.json")
-            return read_json(
-                cfg.work_dir / "runs" / f"{VARIANTS[lab]}_lr{lr:g}_seed{seed}" / "result.json"
-            )
+            return read_json(mlm_run_dir(cfg, lab, lr, seed) / "result.json")
         if kind == "nmt":
             return run_nmt(cfg)
         return run_mlm(lab, seed, lr, data_bin, cfg)
