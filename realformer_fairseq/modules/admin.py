@@ -101,8 +101,7 @@ class AdminResidual(nn.Module):
             scaled = residual * self.omega()
             self.profiler.update(self.chain, self.profile_name, value, scaled, x)
             return scaled + x
-        # omega() inlined: one Python call less per sublayer and decoding step
-        return torch.addcmul(x, residual, self.omega_init + self.omega_delta)
+        return torch.addcmul(x, residual, self.omega())
 
     def extra_repr(self) -> str:
         return f"admin={self.admin}, chain={self.chain}"
