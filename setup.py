@@ -44,7 +44,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "realformer-average-checkpoints=" "realformer_fairseq.cli.average_checkpoints:cli_main",
+            "realformer-average-checkpoints=realformer_fairseq.cli.average_checkpoints:cli_main",
             "realformer-attention-stats=realformer_fairseq.cli.attention_stats:cli_main",
         ]
     },
