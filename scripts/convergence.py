@@ -39,16 +39,21 @@ VARIANTS = study.VARIANTS  # label -> arch prefix (<prefix>_tiny)
 # stage 1: data
 
 
+def prep_dir(work: Path) -> Path:
+    """prepare_multi30k.sh's --work-dir (its intermediate and BPE'd files)."""
+    return work / "prep"
+
+
 def prepared_text(work: Path, split: str, lang: str) -> Path:
     """The BPE'd text of one split, where prepare_multi30k.sh leaves it (WORK/final/)."""
-    return work / "prep" / "final" / f"{split}.{lang}"
+    return prep_dir(work) / "final" / f"{split}.{lang}"
 
 
 def prepare_data(data_root: Path, work: Path, bpe_merges: int, limits: Dict[str, int]) -> Path:
     """scripts/prepare_multi30k.sh into ``work/data-bin``; its stages are skipped on a re-run
     with the same settings and redone when they change."""
     data_bin = work / "data-bin"
-    cmd = ["bash", PREPARE_MULTI30K, "--work-dir", work / "prep", "--dest", data_bin]
+    cmd = ["bash", PREPARE_MULTI30K, "--work-dir", prep_dir(work), "--dest", data_bin]
     cmd += ["--data", data_root, "--bpe-size", bpe_merges, "--workers", "2"]
     for split, lines in limits.items():
         cmd += [f"--max-{split}-lines", lines]
