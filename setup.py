@@ -24,8 +24,10 @@ setup(
         # base as prebuilt cp311/cp312 wheels (see README, "Choice of fairseq").
         've-fairseq==0.12.3; python_version >= "3.11" and python_version < "3.13"',
         'fairseq==0.12.2; python_version < "3.11"',
-        # 2.13.0 (the CPU wheel on the build machines) must satisfy this range.
-        "torch>=2.1,<2.15",
+        # 2.13.0 (the CPU wheel on the build machines) must satisfy this range; 2.5 is the
+        # first with torch.serialization.safe_globals, which checkpoint_compat and
+        # realformer-average-checkpoints load every checkpoint with (weights_only=True)
+        "torch>=2.5,<2.15",
         # fairseq 0.12 uses np.compat.long / np.int, which numpy 2 removed; checkpoint_compat
         # allow-lists np.dtypes.*DType (pickled into checkpoints), new in numpy 1.25
         "numpy>=1.25,<2",

@@ -110,11 +110,9 @@ def load_checkpoint(path: str) -> dict:
     from realformer_fairseq.checkpoint_compat import fairseq_checkpoint_globals
 
     try:
-        if hasattr(torch.serialization, "safe_globals"):
-            with torch.serialization.safe_globals(fairseq_checkpoint_globals()):
-                state = torch.load(path, map_location="cpu", weights_only=True)
-        else:  # torch < 2.5
-            state = torch.load(path, map_location="cpu")
+        # torch >= 2.5 (setup.py): safe_globals exists, the restricted unpickler always runs
+        with torch.serialization.safe_globals(fairseq_checkpoint_globals()):
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure is bad input
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise AverageError(f"{path}: cannot be read as a fairseq checkpoint ({first_line})")

@@ -47,6 +47,7 @@ from torch import Tensor
 
 from ..errors import one_line_under_fairseq_commands
 from ..modules.admin import AdminProfilingMixin
+from ..modules.dropout_names import RetainDropoutNamesMixin
 from ..modules.realformer_layer import (
     RealformerTransformerConfig,
     every_layer,
@@ -78,7 +79,9 @@ class RealformerLMDecoder(RealformerTransformerDecoder):
 
 
 @register_model("realformer_lm")
-class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, TransformerLanguageModel):
+class RealformerLanguageModel(
+    RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, TransformerLanguageModel
+):
     """fairseq's :class:`TransformerLanguageModel` with RealFormer residual
     attention in its causal self-attention chain and optional ADMIN init.
 

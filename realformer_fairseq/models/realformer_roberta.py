@@ -32,6 +32,7 @@ from omegaconf import OmegaConf
 
 from ..errors import one_line_under_fairseq_commands
 from ..modules.admin import AdminProfilingMixin
+from ..modules.dropout_names import RetainDropoutNamesMixin
 from ..modules.realformer_layer import (
     RealformerTransformerConfig,
     every_layer,
@@ -67,7 +68,9 @@ class RealformerRobertaEncoder(RobertaEncoder):
 
 
 @register_model("realformer_roberta")
-class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel):
+class RealformerRobertaModel(
+    RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel
+):
     """fairseq's :class:`RobertaModel` with RealFormer residual attention in its
     encoder and optional ADMIN initialisation (profiled on the first training
     batch of ``masked_lm`` or ``sentence_prediction``, or closed form).
