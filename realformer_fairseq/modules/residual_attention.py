@@ -103,10 +103,33 @@ class RealformerMultiheadAttention(MultiheadAttention):
             need_weights = True
         if not torch.jit.is_scripting():
             self._calls[0] += 1
-
         tgt_len, bsz, embed_dim = query.size()
         assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
+        q, k, v, key_padding_mask, kv_bsz = self._project_heads(
+            query, key, value, key_padding_mask, incremental_state, static_kv
+        )
+        raw_scores = self._raw_scores(q, k, bsz, kv_bsz)
+        attn_scores = self._add_to_stream(raw_scores, prev_attn_scores)
+        attn, attn_weights = self._attend_stream(
+            attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
+            need_weights, need_head_weights,
+        )  # fmt: skip
+        return attn, attn_weights, attn_scores
 
+    def _project_heads(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+        static_kv: bool,
+    ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], int]:
+        """Scaled queries ``(bsz*heads, tgt_len, head_dim)``, keys and values
+        ``(kv_bsz*heads, src_len, head_dim)`` with fairseq's incremental state read and
+        updated, the key padding mask ``(kv_bsz, src_len)`` (or None) and ``kv_bsz``
+        (``bsz / beam_size`` where the beams of a sentence share its encoder keys)."""
+        tgt_len, bsz, _ = query.size()
         saved_state: Optional[Dict[str, Optional[Tensor]]] = None
         if incremental_state is not None:
             saved_state = self._get_input_buffer(incremental_state)
@@ -182,22 +205,26 @@ class RealformerMultiheadAttention(MultiheadAttention):
             assert incremental_state is not None
             incremental_state = self._set_input_buffer(incremental_state, saved_state)
         assert k is not None and v is not None
-        src_len = k.size(1)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        shared_kv = self.encoder_decoder_attention and bsz != kv_bsz
+        return q, k, v, key_padding_mask, kv_bsz
 
-        # raw scores of this layer plus the stream so far: the stream is at least float32
-        # (float64 stays float64); the sum is added in place into this layer's fresh product
-        if shared_kv:  # as fairseq: beams of one sentence against its keys
+    def _raw_scores(self, q: Tensor, k: Tensor, bsz: int, kv_bsz: int) -> Tensor:
+        """``q k^T`` per head, ``(bsz*heads, tgt_len, src_len)``, in the inputs' dtype."""
+        if self.encoder_decoder_attention and bsz != kv_bsz:
+            # as fairseq: beams of one sentence against its keys
             raw_scores = torch.einsum(
                 "bxhtd,bhsd->bxhts",
                 q.view((kv_bsz, -1, self.num_heads) + q.size()[1:]),
                 k.view((kv_bsz, self.num_heads) + k.size()[1:]),
             )
-            raw_scores = raw_scores.reshape((-1,) + raw_scores.size()[-2:])
-        else:
-            raw_scores = torch.bmm(q, k.transpose(1, 2))  # (bsz*heads, tgt_len, src_len)
+            return raw_scores.reshape((-1,) + raw_scores.size()[-2:])
+        return torch.bmm(q, k.transpose(1, 2))
+
+    def _add_to_stream(self, raw_scores: Tensor, prev_attn_scores: Optional[Tensor]) -> Tensor:
+        """This layer's raw scores plus the stream so far: the stream is at least float32
+        (float64 stays float64); the sum is added in place into this layer's fresh product
+        (autograd keeps ``q`` and ``k`` for the product's backward, not the product)."""
         attn_scores = raw_scores
         if raw_scores.dtype != torch.float32 and raw_scores.dtype != torch.float64:
             attn_scores = raw_scores.float()
@@ -212,7 +239,26 @@ class RealformerMultiheadAttention(MultiheadAttention):
                     + "all layers of a chain need the same number of heads"
                 )
             attn_scores.add_(prev_attn_scores.to(attn_scores.dtype))
+        return attn_scores
 
+    def _attend_stream(
+        self,
+        attn_scores: Tensor,
+        raw_scores: Tensor,
+        v: Tensor,
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        bsz: int,
+        kv_bsz: int,
+        layer_idx: int,
+        need_weights: bool,
+        need_head_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """softmax over the masked stream (divided by ``layer_idx + 1`` for the running
+        mean), attention dropout, the values and the output projection; returns
+        ``(attn, attn_weights)`` as fairseq does."""
+        tgt_len, src_len = attn_scores.size(1), attn_scores.size(2)
+        shared_kv = self.encoder_decoder_attention and bsz != kv_bsz
         # the softmax input: a masked copy, never the stream itself
         logits = attn_scores
         own_copy = False
@@ -247,8 +293,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
             attn = attn.reshape((-1,) + attn.size()[-2:])
         else:
             attn = torch.bmm(attn_probs, v)  # (bsz*heads, tgt_len, head_dim)
-        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim)
-        attn = self.out_proj(attn)
+        attn = self._merge_heads(attn, tgt_len, bsz)
 
         attn_weights: Optional[Tensor] = None
         if need_weights:
@@ -257,4 +302,9 @@ class RealformerMultiheadAttention(MultiheadAttention):
             )
             if not need_head_weights:
                 attn_weights = attn_weights.mean(dim=0)  # average over heads
-        return attn, attn_weights, attn_scores
+        return attn, attn_weights
+
+    def _merge_heads(self, attn: Tensor, tgt_len: int, bsz: int) -> Tensor:
+        """``(bsz*heads, tgt_len, head_dim)`` -> output projection ``(tgt_len, bsz, embed_dim)``."""
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim)
+        return self.out_proj(attn)
