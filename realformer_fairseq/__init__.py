@@ -12,6 +12,7 @@ from .models import realformer_lm  # noqa: F401
 from .models import realformer_roberta  # noqa: F401
 from .models import realformer_transformer  # noqa: F401
 from .optim import radam  # noqa: F401
+from .tf_import import wordpiece  # noqa: F401 (registers --bpe wordpiece)
 
 checkpoint_compat.install()
 interactive_compat.install()
