@@ -49,6 +49,11 @@ BERT_LAYERNORM_EPS = 1e-12  # tf_slim layer_norm -> tf.nn.batch_normalization(va
 ACTIVATIONS = {"gelu": "gelu_accurate", "relu": "relu", "tanh": "tanh", "linear": "linear"}
 
 
+# state-dict entries of the fairseq model that no TF variable gives: fairseq's encoder version
+# marker, and the ADMIN "profiled" flag (no ADMIN here: --init-type default)
+MODEL_OWN_KEYS = ("encoder.sentence_encoder.version", "admin_profiled")
+
+
 class BertCheckpointError(RealformerConfigError):
     """A checkpoint, config or vocabulary that cannot be converted; one line."""
 
@@ -119,8 +124,14 @@ class BertConfig:
         return config
 
     def check(self, path: str):
-        for name in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                     "intermediate_size", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "intermediate_size",
+            "max_position_embeddings",
+        ):
             if getattr(self, name) < 1:
                 raise BertCheckpointError(f"{path}: {name} must be positive")
         if self.hidden_size % self.num_attention_heads:
@@ -162,23 +173,47 @@ def variable_mappings(config: BertConfig, padding_idx: int = 1) -> List[Mapping]
     D, F, V = config.hidden_size, config.intermediate_size, config.vocab_size
     s = "encoder.sentence_encoder."
     out = [
-        Mapping("bert/embeddings/word_embeddings", (s + "embed_tokens.weight",
-                "encoder.lm_head.weight"), (V, D),
-                "rows permuted from BERT to fairseq vocabulary order (dict.txt); tied to the "
-                "MLM output weights", "encoder"),
-        Mapping("bert/embeddings/position_embeddings", (s + "embed_positions.weight",),
-                (config.max_position_embeddings, D),
-                f"BERT row i -> fairseq row {padding_idx + 1} + i (rows 0..{padding_idx} zero: "
-                "fairseq's unused row and padding row)", "encoder"),
-        Mapping("bert/embeddings/LayerNorm/gamma", (s + "layernorm_embedding.weight",), (D,),
-                COPY, "encoder"),
-        Mapping("bert/embeddings/LayerNorm/beta", (s + "layernorm_embedding.bias",), (D,),
-                COPY, "encoder"),
+        Mapping(
+            "bert/embeddings/word_embeddings",
+            (s + "embed_tokens.weight", "encoder.lm_head.weight"),
+            (V, D),
+            "rows permuted from BERT to fairseq vocabulary order (dict.txt); tied to the "
+            "MLM output weights",
+            "encoder",
+        ),
+        Mapping(
+            "bert/embeddings/position_embeddings",
+            (s + "embed_positions.weight",),
+            (config.max_position_embeddings, D),
+            f"BERT row i -> fairseq row {padding_idx + 1} + i (rows 0..{padding_idx} zero: "
+            "fairseq's unused row and padding row)",
+            "encoder",
+        ),
+        Mapping(
+            "bert/embeddings/LayerNorm/gamma",
+            (s + "layernorm_embedding.weight",),
+            (D,),
+            COPY,
+            "encoder",
+        ),
+        Mapping(
+            "bert/embeddings/LayerNorm/beta",
+            (s + "layernorm_embedding.bias",),
+            (D,),
+            COPY,
+            "encoder",
+        ),
     ]
     if config.type_vocab_size:
-        out.append(Mapping("bert/embeddings/token_type_embeddings",
-                           (s + "embed_token_types.weight",), (config.type_vocab_size, D), COPY,
-                           "encoder"))
+        out.append(
+            Mapping(
+                "bert/embeddings/token_type_embeddings",
+                (s + "embed_token_types.weight",),
+                (config.type_vocab_size, D),
+                COPY,
+                "encoder",
+            )
+        )
     for layer in range(config.num_hidden_layers):
         tf = f"bert/encoder/layer_{layer}/"
         fs = f"{s}layers.{layer}."
@@ -190,34 +225,88 @@ def variable_mappings(config: BertConfig, padding_idx: int = 1) -> List[Mapping]
             ("intermediate/dense", "fc1", D, F),
             ("output/dense", "fc2", F, D),
         ):
-            out.append(Mapping(tf + tf_part + "/kernel", (fs + fs_part + ".weight",),
-                               (in_dim, out_dim), KERNEL, "encoder"))
-            out.append(Mapping(tf + tf_part + "/bias", (fs + fs_part + ".bias",), (out_dim,),
-                               COPY, "encoder"))
-        for tf_part, fs_part in (("attention/output/LayerNorm", "self_attn_layer_norm"),
-                                 ("output/LayerNorm", "final_layer_norm")):
-            out.append(Mapping(tf + tf_part + "/gamma", (fs + fs_part + ".weight",), (D,), COPY,
-                               "encoder"))
-            out.append(Mapping(tf + tf_part + "/beta", (fs + fs_part + ".bias",), (D,), COPY,
-                               "encoder"))
+            out.append(
+                Mapping(
+                    tf + tf_part + "/kernel",
+                    (fs + fs_part + ".weight",),
+                    (in_dim, out_dim),
+                    KERNEL,
+                    "encoder",
+                )
+            )
+            out.append(
+                Mapping(
+                    tf + tf_part + "/bias", (fs + fs_part + ".bias",), (out_dim,), COPY, "encoder"
+                )
+            )
+        for tf_part, fs_part in (
+            ("attention/output/LayerNorm", "self_attn_layer_norm"),
+            ("output/LayerNorm", "final_layer_norm"),
+        ):
+            out.append(
+                Mapping(tf + tf_part + "/gamma", (fs + fs_part + ".weight",), (D,), COPY, "encoder")
+            )
+            out.append(
+                Mapping(tf + tf_part + "/beta", (fs + fs_part + ".bias",), (D,), COPY, "encoder")
+            )
     nsp = f"classification_heads.{NEXT_SENTENCE_HEAD}."
     out += [
-        Mapping("bert/pooler/dense/kernel", ("encoder.pooler.dense.weight", nsp + "dense.weight"),
-                (D, D), KERNEL + "; also the dense of the next_sentence head", "pooler"),
-        Mapping("bert/pooler/dense/bias", ("encoder.pooler.dense.bias", nsp + "dense.bias"), (D,),
-                COPY + "; also the dense of the next_sentence head", "pooler"),
-        Mapping("cls/predictions/transform/dense/kernel", ("encoder.lm_head.dense.weight",),
-                (D, D), KERNEL, "mlm"),
-        Mapping("cls/predictions/transform/dense/bias", ("encoder.lm_head.dense.bias",), (D,),
-                COPY, "mlm"),
-        Mapping("cls/predictions/transform/LayerNorm/gamma", ("encoder.lm_head.layer_norm.weight",),
-                (D,), COPY, "mlm"),
-        Mapping("cls/predictions/transform/LayerNorm/beta", ("encoder.lm_head.layer_norm.bias",),
-                (D,), COPY, "mlm"),
-        Mapping("cls/predictions/output_bias", ("encoder.lm_head.bias",), (V,),
-                "permuted from BERT to fairseq vocabulary order", "mlm"),
-        Mapping("cls/seq_relationship/output_weights", (nsp + "out_proj.weight",), (2, D),
-                "copied (already [out, in])", "nsp"),
+        Mapping(
+            "bert/pooler/dense/kernel",
+            ("encoder.pooler.dense.weight", nsp + "dense.weight"),
+            (D, D),
+            KERNEL + "; also the dense of the next_sentence head",
+            "pooler",
+        ),
+        Mapping(
+            "bert/pooler/dense/bias",
+            ("encoder.pooler.dense.bias", nsp + "dense.bias"),
+            (D,),
+            COPY + "; also the dense of the next_sentence head",
+            "pooler",
+        ),
+        Mapping(
+            "cls/predictions/transform/dense/kernel",
+            ("encoder.lm_head.dense.weight",),
+            (D, D),
+            KERNEL,
+            "mlm",
+        ),
+        Mapping(
+            "cls/predictions/transform/dense/bias",
+            ("encoder.lm_head.dense.bias",),
+            (D,),
+            COPY,
+            "mlm",
+        ),
+        Mapping(
+            "cls/predictions/transform/LayerNorm/gamma",
+            ("encoder.lm_head.layer_norm.weight",),
+            (D,),
+            COPY,
+            "mlm",
+        ),
+        Mapping(
+            "cls/predictions/transform/LayerNorm/beta",
+            ("encoder.lm_head.layer_norm.bias",),
+            (D,),
+            COPY,
+            "mlm",
+        ),
+        Mapping(
+            "cls/predictions/output_bias",
+            ("encoder.lm_head.bias",),
+            (V,),
+            "permuted from BERT to fairseq vocabulary order",
+            "mlm",
+        ),
+        Mapping(
+            "cls/seq_relationship/output_weights",
+            (nsp + "out_proj.weight",),
+            (2, D),
+            "copied (already [out, in])",
+            "nsp",
+        ),
         Mapping("cls/seq_relationship/output_bias", (nsp + "out_proj.bias",), (2,), COPY, "nsp"),
     ]
     return out
@@ -353,34 +442,59 @@ def fairseq_train_args(
     ``masked_lm`` run of ``--arch realformer_roberta`` with BERT's options."""
     args = [
         data_dir,
-        "--user-dir", PLUGIN_DIR,
-        "--task", "masked_lm",
-        "--criterion", "masked_lm",
-        "--arch", "realformer_roberta",
-        "--encoder-layers", str(config.num_hidden_layers),
-        "--encoder-embed-dim", str(config.hidden_size),
-        "--encoder-ffn-embed-dim", str(config.intermediate_size),
-        "--encoder-attention-heads", str(config.num_attention_heads),
-        "--max-positions", str(config.max_position_embeddings),
-        "--tokens-per-sample", str(config.max_position_embeddings),
-        "--activation-fn", ACTIVATIONS[config.hidden_act.lower()],
-        "--pooler-activation-fn", "tanh",
-        "--dropout", str(config.hidden_dropout_prob),
-        "--attention-dropout", str(config.attention_probs_dropout_prob),
-        "--activation-dropout", "0.0",
-        "--pooler-dropout", str(config.hidden_dropout_prob),
-        "--layernorm-eps", repr(BERT_LAYERNORM_EPS),
-        "--type-vocab-size", str(config.type_vocab_size),
+        "--user-dir",
+        PLUGIN_DIR,
+        "--task",
+        "masked_lm",
+        "--criterion",
+        "masked_lm",
+        "--arch",
+        "realformer_roberta",
+        "--encoder-layers",
+        str(config.num_hidden_layers),
+        "--encoder-embed-dim",
+        str(config.hidden_size),
+        "--encoder-ffn-embed-dim",
+        str(config.intermediate_size),
+        "--encoder-attention-heads",
+        str(config.num_attention_heads),
+        "--max-positions",
+        str(config.max_position_embeddings),
+        "--tokens-per-sample",
+        str(config.max_position_embeddings),
+        "--activation-fn",
+        ACTIVATIONS[config.hidden_act.lower()],
+        "--pooler-activation-fn",
+        "tanh",
+        "--dropout",
+        str(config.hidden_dropout_prob),
+        "--attention-dropout",
+        str(config.attention_probs_dropout_prob),
+        "--activation-dropout",
+        "0.0",
+        "--pooler-dropout",
+        str(config.hidden_dropout_prob),
+        "--layernorm-eps",
+        repr(BERT_LAYERNORM_EPS),
+        "--type-vocab-size",
+        str(config.type_vocab_size),
         "--bert-pooler",
-        "--init-type", "default",
-        "--bpe", "wordpiece",
-        "--wordpiece-vocab", os.path.join(data_dir, "vocab.txt"),
+        "--init-type",
+        "default",
+        "--bpe",
+        "wordpiece",
+        "--wordpiece-vocab",
+        os.path.join(data_dir, "vocab.txt"),
     ]
     if not lowercase:
         args.append("--wordpiece-cased")
     if residual_attention:
-        args += ["--residual-attention", "encoder", "--residual-attention-mode",
-                 "mean" if config.use_running_mean else "sum"]
+        args += [
+            "--residual-attention",
+            "encoder",
+            "--residual-attention-mode",
+            "mean" if config.use_running_mean else "sum",
+        ]
     else:
         args += ["--residual-attention", "none"]
     return args
@@ -402,6 +516,10 @@ def build_fairseq_checkpoint(train_args: List[str], state: Dict[str, torch.Tenso
     if "nsp" in heads:
         model.register_classification_head(NEXT_SENTENCE_HEAD, num_classes=2)
     own = model.state_dict()
+    state = dict(state)
+    for key in MODEL_OWN_KEYS:  # not parameters of the TF model: the fresh model's values
+        if key in own:
+            state[key] = own[key]
     missing = sorted(k for k in own if k not in state)
     unexpected = sorted(k for k in state if k not in own)
     if missing or unexpected:  # a mapping that disagrees with the model: a bug, never data
@@ -504,6 +622,9 @@ def convert_checkpoint(
     os.close(fd)
     try:
         torch.save(checkpoint, tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -220,9 +220,8 @@ class WordPieceBPE:
     def __init__(self, cfg):
         if not cfg.wordpiece_vocab:
             raise WordPieceError("--bpe wordpiece needs --wordpiece-vocab vocab.txt")
-        self.tokenizer = BertTextTokenizer.from_file(
-            cfg.wordpiece_vocab, lowercase=not cfg.wordpiece_cased
-        )
+        self.vocab_tokens = read_vocab_file(cfg.wordpiece_vocab)  # BERT id order
+        self.tokenizer = BertTextTokenizer(self.vocab_tokens, lowercase=not cfg.wordpiece_cased)
 
     def encode(self, x: str) -> str:
         return encode_text(x, self.tokenizer)
