@@ -37,7 +37,7 @@ def realformer_tf_fixture(*parts: str) -> Path:
     """A file of the TensorFlow RealFormer fixture, ../shared/data/realformer_tf (beside the
     En-Fr data; read-only): a checkpoint written by Google's realformer.py and its outputs."""
     path = SHARED_DATA.parent.joinpath("realformer_tf", *parts)
-    if not path.exists():
+    if not (path.exists() or path.with_name(path.name + ".index").exists()):
         raise FileNotFoundError(f"shared data missing: {path} (see its README.md)")
     return path
 

@@ -424,6 +424,10 @@ def fairseq_state_dict(
             value = rows
         tensor = torch.from_numpy(np.ascontiguousarray(value))
         for name in m.fairseq_names:
+            if name.startswith(f"classification_heads.{NEXT_SENTENCE_HEAD}.") and (
+                "nsp" not in plan.heads
+            ):
+                continue  # the pooler without a next-sentence head
             state[name] = tensor
     return state
 

@@ -51,9 +51,10 @@ def bert_outputs(
     * ``mlm_logits``, ``mlm_log_probs`` (B, T, V): the MLM head at every position, log-softmax
       over the BERT vocabulary, in BERT vocabulary order;
     * ``nsp_logits``, ``nsp_log_probs`` (B, 2): the next-sentence head, where the model has it;
-    * ``attention_probs`` (L, B, heads, T, T) and, with residual attention, ``attention_stream``
-      (L, B, heads, T, T): the softmax probabilities and the running sum of raw scores that
-      each self-attention module returned.
+    * with residual attention, ``attention_probs`` and ``attention_stream`` (L, B, heads, T,
+      T): the softmax probabilities and the running sum of raw scores that each self-attention
+      module returned (fairseq's fused attention of a vanilla model returns only the average
+      over heads: left out).
     """
     model = hub.model
     dictionary = hub.task.source_dictionary
@@ -140,7 +141,10 @@ def bert_outputs(
             handle.remove()
         model.train(was_training)
     bsz, length = ids.shape
-    out["attention_probs"] = torch.stack([p.transpose(0, 1) for p in captured["probs"]])
+    if all(p is not None and p.dim() == 4 for p in captured["probs"]):
+        # per head from the residual attention; fairseq's own fused attention (vanilla
+        # BERT, --residual-attention none) averages over heads and is left out
+        out["attention_probs"] = torch.stack([p.transpose(0, 1) for p in captured["probs"]])
     if all(s is not None for s in captured["stream"]):
         out["attention_stream"] = torch.stack(
             [s.view(bsz, -1, length, length) for s in captured["stream"]]
