@@ -504,6 +504,32 @@ def fairseq_train_args(
     return args
 
 
+MODEL_ARGS_FILE = "model_args.txt"
+# fairseq-train flags of the conversion that are not the model's (data, task, tokenisation)
+_NOT_MODEL_FLAGS = (
+    "--user-dir",
+    "--task",
+    "--criterion",
+    "--tokens-per-sample",
+    "--bpe",
+    "--wordpiece-vocab",
+)
+
+
+def model_args(train_args: List[str]) -> List[str]:
+    """The model flags of ``train_args`` (``--arch`` and every option of the imported
+    model): what a ``fairseq-train --restore-file OUT_DIR/model.pt`` command must repeat,
+    written to ``OUT_DIR/model_args.txt``."""
+    out, i = [], 1  # train_args[0] is the data folder
+    while i < len(train_args):
+        flag = train_args[i]
+        takes_value = i + 1 < len(train_args) and not train_args[i + 1].startswith("--")
+        if flag not in _NOT_MODEL_FLAGS and flag != "--wordpiece-cased":
+            out += train_args[i : i + (2 if takes_value else 1)]
+        i += 2 if takes_value else 1
+    return out
+
+
 def build_fairseq_checkpoint(train_args: List[str], state: Dict[str, torch.Tensor], heads):
     """Parse ``train_args`` as fairseq-train does, build the model, load ``state`` into it
     (strict: every parameter must come from the checkpoint) and return the checkpoint dict and
@@ -622,6 +648,8 @@ def convert_checkpoint(
         shutil.copyfile(vocab_file, os.path.join(out_dir, "vocab.txt"))
     train_args = fairseq_train_args(config, plan.heads, out_dir, lowercase, residual_attention)
     checkpoint, _ = build_fairseq_checkpoint(train_args, state, plan.heads)
+    with open(os.path.join(out_dir, MODEL_ARGS_FILE), "w", encoding="utf-8") as f:
+        f.write(" ".join(model_args(train_args)) + "\n")
     fd, tmp = tempfile.mkstemp(prefix=".model.pt.", dir=out_dir)
     os.close(fd)
     try:
