@@ -317,3 +317,31 @@ def test_bert_options_are_refused_where_nothing_would_carry_them_out(flag):
     d = toy_dictionary()
     with pytest.raises(RealformerConfigError, match=f"{flag[0]} is an option of the encoder-only"):
         RealformerTransformerModel.build_model(args, TranslationTask(TranslationConfig(), d, d))
+
+
+def test_restore_with_other_numerics_is_one_line(imported, pair_data, tmp_path):
+    """Same shapes, other computation (fairseq's LayerNorm eps and erf GELU): refused."""
+    args = model_args(imported)
+    for flag in ("--layernorm-eps", "--activation-fn"):
+        i = args.index(flag)
+        del args[i : i + 2]
+    with pytest.raises(RuntimeError) as err:
+        fairseq_train(
+            pair_data,
+            *SENTENCE_PAIRS,
+            *args,
+            "--restore-file",
+            imported / "model.pt",
+            "--max-update",
+            "1",
+            "--save-dir",
+            tmp_path,
+            *COMMON,
+        )
+    last = str(err.value).strip().splitlines()[-1]
+    assert last == (
+        "realformer_fairseq: error: the checkpoint was made with --layernorm-eps 1e-12 "
+        "--activation-fn gelu_accurate, this model has --layernorm-eps 1e-05 --activation-fn "
+        "gelu: pass the checkpoint's flags (a realformer-import-tf folder lists every model flag "
+        "in model_args.txt)"
+    ), last

@@ -191,6 +191,7 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
             {"encoder": 2 * len(encoder.sentence_encoder.layers)},
         )
         self.register_arch_check()
+        self._register_state_dict_hook(_record_bert_computation)
 
     @classmethod
     def add_args(cls, parser):
@@ -234,6 +235,26 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
         )
         check_bert_options(settings, model, arch_label(args, "realformer_roberta"))
         return model
+
+    @one_line_under_fairseq_commands
+    def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
+        """Refuse a checkpoint made with BERT options (recorded in its metadata, e.g. one
+        written by ``realformer-import-tf``) into a model whose options compute something else
+        (same parameter shapes, other numbers: LayerNorm epsilon, GELU form, running mean),
+        then load as fairseq does."""
+        recorded = (getattr(state_dict, "_metadata", None) or {}).get("", {}).get(_BERT_KEY)
+        if recorded:
+            own = bert_computation(self.args)
+            differ = [k for k in recorded if k in own and recorded[k] != own[k]]
+            if differ:
+                flags = " ".join(f"--{k.replace('_', '-')} {recorded[k]}" for k in differ)
+                mine = " ".join(f"--{k.replace('_', '-')} {own[k]}" for k in differ)
+                raise RealformerConfigError(
+                    f"the checkpoint was made with {flags}, this model has {mine}: pass the "
+                    "checkpoint's flags (a realformer-import-tf folder lists every model flag "
+                    "in model_args.txt)"
+                )
+        return super().load_state_dict(state_dict, strict=strict, model_cfg=model_cfg, args=args)
 
     def register_classification_head(self, name, num_classes=None, inner_dim=None, **kwargs):
         """fairseq's, with BERT's head (:class:`BertClassificationHead`: pooler, dropout, output
@@ -346,6 +367,40 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
             classification_head_name=classification_head_name,
             **kwargs,
         )
+
+
+_BERT_KEY = "realformer_bert_options"
+# what changes the numbers a checkpoint computes without changing its parameter shapes
+BERT_COMPUTATION_KEYS = (
+    "layernorm_eps",
+    "activation_fn",
+    "pooler_activation_fn",
+    "residual_attention",
+    "residual_attention_mode",
+    "encoder_normalize_before",
+)
+
+
+def bert_computation(args) -> dict:
+    """The values of :data:`BERT_COMPUTATION_KEYS` in a model config (LayerNorm epsilon
+    ``None`` is fairseq's 1e-5)."""
+    values = {k: utils.safe_getattr(args, k, None) for k in BERT_COMPUTATION_KEYS}
+    if values["layernorm_eps"] is None:
+        values["layernorm_eps"] = 1e-5
+    values["encoder_normalize_before"] = bool(values["encoder_normalize_before"])
+    return values
+
+
+def _record_bert_computation(module, state_dict, prefix, local_metadata):
+    """State-dict hook: a model with BERT options records what it computes (see
+    ``load_state_dict``); other models record nothing, so their checkpoints are unchanged."""
+    args = module.args
+    if (
+        utils.safe_getattr(args, "layernorm_eps", None) is not None
+        or utils.safe_getattr(args, "type_vocab_size", 0)
+        or utils.safe_getattr(args, "bert_pooler", False)
+    ):
+        local_metadata[_BERT_KEY] = bert_computation(args)
 
 
 def check_bert_options(settings, model, model_name: str):
