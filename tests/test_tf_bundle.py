@@ -342,3 +342,21 @@ def test_wordpiece_command_line(tmp_path):
         bad.stderr.strip().splitlines()[-1]
         == f"realformer-wordpiece: error: no vocabulary file {tmp_path / 'none.txt'}"
     )
+
+
+def test_reads_a_sharded_checkpoint_written_by_tensorflow():
+    """tests/data/tf_sharded: 3 shards, bfloat16 and int64, written by TF's sharded Saver
+    (tests/data/tf_sharded/make_tf_sharded.py says how)."""
+    folder = Path(__file__).parent / "data" / "tf_sharded"
+    bundle = read_bundle(str(folder / "tf.ckpt"))
+    assert bundle.num_shards == 3
+    assert {n: (e.dtype_name, e.shape) for n, e in bundle.entries.items()} == {
+        "bert/a": ("float32", (4, 6)),
+        "bert/b": ("float32", (7,)),
+        "bert/c": ("bfloat16", (2, 3)),
+        "global_step": ("int64", ()),
+    }
+    assert len({e.shard_id for e in bundle.entries.values()}) == 3
+    values = np.load(folder / "tf_values.npz")
+    for name in bundle.names():
+        np.testing.assert_array_equal(bundle.tensor(name), values[name.replace("/", "__")])

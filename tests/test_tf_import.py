@@ -514,3 +514,20 @@ def test_command_line_error_is_one_line(tmp_path):
     ok = subprocess.run(args + ["--skip-variable", r"bert/some/.*"], capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
     assert re.search(r"skipped bert/some/new_variable: --skip-variable bert/some/\.\*", ok.stdout)
+
+
+def test_casing_travels_with_the_checkpoint(imported, tmp_path):
+    """Uncased (detected from the fixture's vocabulary) and --cased: the hub's WordPiece
+    lower-cases or not, as converted, without being told again."""
+    assert load_hub(imported[0]).bpe.tokenizer.lowercase is True
+    convert_checkpoint(
+        str(realformer_tf_fixture("model.ckpt")),
+        str(realformer_tf_fixture("bert_config.json")),
+        str(realformer_tf_fixture("vocab.txt")),
+        str(tmp_path),
+        cased=True,
+    )
+    hub = load_hub(tmp_path)
+    assert hub.bpe.tokenizer.lowercase is False
+    assert hub.bpe.encode("The book") == "<unk> book"
+    assert "--wordpiece-cased" not in (tmp_path / "model_args.txt").read_text()
