@@ -120,7 +120,8 @@ def bert_outputs(
                 return_all_hiddens=True,
                 token_type_ids=None if type_tensor is None else type_tensor.to(hub.device),
             )
-            logits = encoder.output_layer(features)[..., torch.from_numpy(to_fairseq)]
+            logits = encoder.output_layer(features)
+            logits = logits[..., torch.from_numpy(to_fairseq).to(logits.device)]
             out = {
                 "sequence_output": features,
                 "embedding_output": extra["inner_states"][0].transpose(0, 1),
