@@ -121,7 +121,12 @@ def test_conversion_log_and_time(imported):
         "next-sentence",
     ):
         assert part in line[0], (part, line[0])
-    assert sorted(p.name for p in out.iterdir()) == ["dict.txt", "model.pt", "vocab.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "dict.txt",
+        "model.pt",
+        "model_args.txt",
+        "vocab.txt",
+    ]
 
 
 def test_converted_weights_are_the_tensorflow_variables(imported):
