@@ -171,4 +171,4 @@ if __name__ == "__main__":
     try:
         main()
     except runs.StudyError as err:
-        raise SystemExit(f"convergence.py: error: {err}")
+        raise SystemExit(f"studies.convergence: error: {err}")
