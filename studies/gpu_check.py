@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, in under 8 minutes.
+"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, aimed at under 8 minutes (not yet
+run on a GPU).
 
 He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747);
 Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.07772).
