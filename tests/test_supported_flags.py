@@ -25,6 +25,7 @@ from harness import (
     toy_dictionary,
 )
 
+from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
 
 TINY = ["--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128"]
@@ -197,7 +198,7 @@ def test_mismatch_error_after_pruning_names_the_pruned_keys():
     pruned, _ = build_translation_model(
         "admin_transformer_tiny", **NAMESPACE_LAYERS, **keep
     )  # ADMIN: omega keys the Post-LN checkpoint lacks
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(RealformerConfigError) as err:
         pruned.load_state_dict(full.state_dict(), model_cfg=pruned.args)
     line = str(err.value)
     assert "\n" not in line
@@ -364,10 +365,10 @@ def test_alignment_layer_and_heads_as_in_fairseq(dict_dir):
     ],
 )
 def test_unsupported_flag_is_one_error_line(dict_dir, arch_flags, flags, message):
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(RealformerConfigError) as err:
         build(dict_dir, *arch_flags, *flags)
     text = str(err.value)
-    assert text.startswith("realformer_fairseq: error: " + message), text
+    assert text.startswith(message), text
     assert "\n" not in text
 
 
@@ -387,18 +388,22 @@ def test_xformers_config_is_refused_on_residual_chains(residual, flag, refused):
     import argparse
 
     from realformer_fairseq.errors import RealformerConfigError
-    from realformer_fairseq.models.supported_flags import refuse_unsupported_flags
+    from realformer_fairseq.models.build_checks import settings_for_build
 
-    args = argparse.Namespace(residual_attention=residual)
+    args = argparse.Namespace(
+        residual_attention=residual, residual_attention_mode="sum", init_type="default"
+    )
     setattr(args, flag[2:].replace("-", "_"), '{"name": "scaled_dot_product"}')
+    chains = ("encoder", "decoder", "cross")
     if refused:
         with pytest.raises(RealformerConfigError, match=re.escape(flag)):
-            refuse_unsupported_flags(args)
+            settings_for_build(args, chains, "the model")
     else:
-        refuse_unsupported_flags(args)
+        settings_for_build(args, chains, "the model")
     # the encoder-only model has no decoder chains
     if flag == "--decoder-xformers-att-config":
-        refuse_unsupported_flags(args, chains_used=("encoder",))
+        args.residual_attention = "all"
+        settings_for_build(args, ("encoder",), "the model")
 
 
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
@@ -408,11 +413,18 @@ def test_layers_to_keep_as_a_hydra_list_is_refused(side):
     from omegaconf import OmegaConf
 
     from realformer_fairseq.errors import RealformerConfigError
-    from realformer_fairseq.models.supported_flags import refuse_unsupported_flags
+    from realformer_fairseq.models.build_checks import settings_for_build
 
-    cfg = OmegaConf.create({f"{side}_layers_to_keep": [0, 2], "residual_attention": "all"})
+    cfg = OmegaConf.create(
+        {
+            f"{side}_layers_to_keep": [0, 2],
+            "residual_attention": "all",
+            "residual_attention_mode": "mean",
+            "init_type": "admin",
+        }
+    )
     with pytest.raises(RealformerConfigError, match=f"^--{side}-layers-to-keep as a list"):
-        refuse_unsupported_flags(cfg)
+        settings_for_build(cfg, ("encoder", "decoder", "cross"), "the model")
 
 
 def test_layers_to_keep_on_the_command_line_crashes_fairseq_transformer(dict_dir):
@@ -431,13 +443,11 @@ def test_layers_to_keep_of_one_side_is_refused_as_fairseq_drops_the_other_side()
     with pytest.raises(RuntimeError, match=r"Missing key\(s\)[^\n]*decoder\.layers\.0\."):
         vanilla.load_state_dict(full.state_dict(), model_cfg=vanilla.args)
     for side, other in (("encoder", "decoder"), ("decoder", "encoder")):
-        with pytest.raises(SystemExit) as err:
+        with pytest.raises(RealformerConfigError) as err:
             build_translation_model(
                 "postln_transformer_tiny", **NAMESPACE_LAYERS, **{f"{side}_layers_to_keep": "0,2"}
             )
-        assert str(err.value).startswith(
-            f"realformer_fairseq: error: {side}_layers_to_keep without {other}_layers_to_keep"
-        )
+        assert str(err.value).startswith(f"{side}_layers_to_keep without {other}_layers_to_keep")
 
 
 # ------------------------------------------- residual attention on: the effect
