@@ -78,8 +78,6 @@ def fairseq_checkpoint_globals() -> list:
 
 def install():
     """Wrap ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (idempotent)."""
-    if not hasattr(torch.serialization, "safe_globals"):
-        return  # torch < 2.5: torch.load does not default to weights_only
     from fairseq import checkpoint_utils
 
     original = checkpoint_utils.load_checkpoint_to_cpu

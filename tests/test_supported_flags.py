@@ -16,6 +16,7 @@ import re
 import pytest
 import torch
 from harness import NO_DROPOUT as NAMESPACE_NO_DROPOUT
+from harness import NO_DROPOUT_FLAGS as NO_DROPOUT
 from harness import (
     USER_DIR,
     build_fairseq_tiny_transformer,
@@ -35,9 +36,8 @@ FAIRSEQ = ["--arch", "transformer", *TINY, *LAYERS]
 OURS_OFF = ["--arch", "postln_transformer_tiny", *LAYERS]
 # residual attention on (all three chains, running mean), fairseq's init
 OURS_ON = ["--arch", "realformer_tiny", "--init-type", "default", *LAYERS]
-NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
 # the same, as the args Namespace a checkpoint carries (what --model-overrides edits);
-# NAMESPACE_NO_DROPOUT (from harness) is NO_DROPOUT's
+# NAMESPACE_NO_DROPOUT and NO_DROPOUT are harness's
 NAMESPACE_LAYERS = dict(encoder_layers=4, decoder_layers=4, share_all_embeddings=True)
 
 BERT_TINY = ["--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128"]
@@ -883,3 +883,46 @@ def test_incremental_decoding_with_the_flag_equals_the_full_forward(overrides):
             for t in range(tgt.size(1))
         ]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("flag", ["--scale-attn", "--scale-fc", "--scale-heads", "--scale-resids"])
+@pytest.mark.parametrize("arch", ["realformer_lm_tiny", "postln_transformer_lm_tiny"])
+def test_normformer_flags_are_refused_on_the_language_model(dict_dir, arch, flag):
+    """fairseq 0.12.3's NormFormer flags (transformer_lm only) add LayerNorms and scales in
+    the decoder layer's forward, which the plugin re-owns without them."""
+    with pytest.raises(RealformerConfigError) as err:
+        build(dict_dir, "--arch", arch, flag, task="language_modeling")
+    assert str(err.value).startswith(f"{flag} (NormFormer) is not supported"), str(err.value)
+    fairseq_model, _ = build(
+        dict_dir,
+        "--arch",
+        "transformer_lm",
+        "--decoder-layers",
+        "1",
+        flag,
+        task="language_modeling",
+    )  # the flag builds in fairseq's own model
+    assert fairseq_model is not None
+
+
+def test_multilingual_translation_task_is_refused_with_one_line():
+    """fairseq's multilingual_translation task needs a FairseqMultiModel; fairseq itself ends
+    in a ValueError traceback after building the model."""
+    import argparse
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from fairseq.tasks.multilingual_translation import MultilingualTranslationTask
+
+    dictionary = toy_dictionary()
+    args = argparse.Namespace(
+        lang_pairs="en-fr",
+        source_lang=None,
+        target_lang=None,
+        encoder_langtok=None,
+        decoder_langtok=False,
+        arch="realformer_tiny",
+        _name="realformer_tiny",
+    )
+    task = MultilingualTranslationTask(args, {"en": dictionary, "fr": dictionary}, True)
+    with pytest.raises(RealformerConfigError, match="^--task multilingual_translation needs"):
+        ARCH_MODEL_REGISTRY["realformer_tiny"].build_model(args, task)

@@ -47,6 +47,7 @@ from torch import Tensor
 
 from ..errors import one_line_under_fairseq_commands
 from ..modules.admin import AdminProfilingMixin
+from ..modules.dropout_names import RetainDropoutNamesMixin
 from ..modules.realformer_layer import (
     RealformerTransformerConfig,
     every_layer,
@@ -66,6 +67,11 @@ from .realformer_transformer import RealformerTransformerDecoder
 logger = logging.getLogger(__name__)
 
 DECODER_ONLY_CHAINS = ("decoder",)
+CHARACTER_EMBEDDER_FIELDS = (
+    "character_filters",
+    "character_embedding_dim",
+    "char_embedder_highway_layers",
+)
 
 
 class RealformerLMDecoder(RealformerTransformerDecoder):
@@ -78,7 +84,9 @@ class RealformerLMDecoder(RealformerTransformerDecoder):
 
 
 @register_model("realformer_lm")
-class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, TransformerLanguageModel):
+class RealformerLanguageModel(
+    RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, TransformerLanguageModel
+):
     """fairseq's :class:`TransformerLanguageModel` with RealFormer residual
     attention in its causal self-attention chain and optional ADMIN init.
 
@@ -128,6 +136,13 @@ class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, Transfo
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
         realformer_lm_base_architecture(args)
+        # fairseq's transformer_lm takes these from its dataclass; base_lm_architecture (what
+        # this model without a dataclass has) leaves them unset: --character-embeddings crashed
+        for name in CHARACTER_EMBEDDER_FIELDS:
+            if utils.safe_getattr(args, name, None) is None:
+                setattr(
+                    args, name, TransformerLanguageModelConfig.__dataclass_fields__[name].default
+                )
         settings = settings_for_build(args, DECODER_ONLY_CHAINS, "this decoder-only language model")
 
         if args.decoder_layers_to_keep:

@@ -48,6 +48,7 @@ from ..modules.bert import (
     segment_ids_from_separator,
     set_layer_norm_eps,
 )
+from ..modules.dropout_names import RetainDropoutNamesMixin
 from ..modules.realformer_layer import (
     RealformerTransformerConfig,
     every_layer,
@@ -174,7 +175,9 @@ class RealformerRobertaEncoder(RobertaEncoder):
 
 
 @register_model("realformer_roberta")
-class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel):
+class RealformerRobertaModel(
+    RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel
+):
     """fairseq's :class:`RobertaModel` with RealFormer residual attention in its
     encoder and optional ADMIN initialisation (profiled on the first training
     batch of ``masked_lm`` or ``sentence_prediction``, or closed form).

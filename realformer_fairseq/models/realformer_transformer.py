@@ -23,6 +23,7 @@ from torch import Tensor
 
 from ..errors import one_line_under_fairseq_commands
 from ..modules.admin import AdminProfilingMixin
+from ..modules.dropout_names import RetainDropoutNamesMixin
 from ..modules.realformer_layer import (
     RealformerDecoderLayer,
     RealformerEncoderLayer,
@@ -36,6 +37,7 @@ from ..settings import RESIDUAL_CHAINS, add_realformer_args
 from .architectures import register_family_architectures, register_family_base_architecture
 from .build_checks import arch_label, check_layers_match_settings, settings_for_build
 from .checkpoint_guard import ArchCheckedLoadMixin
+from .supported_flags import refuse_unsupported_task
 
 logger = logging.getLogger(__name__)
 
@@ -238,7 +240,9 @@ class RealformerTransformerDecoder(TransformerDecoder):
 
 
 @register_model("realformer_transformer")
-class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, TransformerModel):
+class RealformerTransformerModel(
+    RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, TransformerModel
+):
     """fairseq's :class:`TransformerModel` with RealFormer residual attention
     (per chain) and ADMIN initialisation."""
 
@@ -267,6 +271,7 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
         with open_dict(args) if OmegaConf.is_config(args) else contextlib.nullcontext():
             realformer_base_architecture(args)
         model_name = arch_label(args, "realformer_transformer")
+        refuse_unsupported_task(task)
         settings = settings_for_build(args, RESIDUAL_CHAINS, model_name)
         cfg = realformer_config(args, settings)
         if utils.safe_getattr(cfg, "arch", None) is None:  # hydra: model._name is the arch

@@ -91,3 +91,15 @@ def refuse_unsupported_flags(args, settings: RealformerSettings, model_chains):
                 f"({', '.join(sorted(chains & side_chains))}): the residual attention "
                 "computes its scores itself"
             )
+
+
+def refuse_unsupported_task(task):
+    """Raise RealformerConfigError for a fairseq task the translation model cannot serve."""
+    from fairseq.tasks.multilingual_translation import MultilingualTranslationTask
+
+    if isinstance(task, MultilingualTranslationTask):
+        raise RealformerConfigError(
+            "--task multilingual_translation needs a FairseqMultiModel (one encoder-decoder "
+            "per language pair, fairseq's multilingual_transformer); the plugin's "
+            "realformer_transformer is a single encoder-decoder model"
+        )
