@@ -40,6 +40,7 @@ OURS_OFF = ["--arch", "postln_transformer_align_tiny", *LAYERS, *ALIGN]
 OURS_ON = ["--arch", "realformer_align_tiny", "--init-type", "default", *LAYERS, *ALIGN]
 NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
 FULL_CONTEXT = {False: [], True: ["--full-context-alignment"]}
+TRAIN_UPDATES = 100  # about 5 updates an epoch
 
 
 @pytest.fixture(scope="module")
@@ -253,11 +254,11 @@ def align_run(tmp_path_factory):
                 data_bin,
                 save_dir,
                 arch="realformer_align_tiny",
-                max_update=30,
+                max_update=TRAIN_UPDATES,
                 extra=[
                     "--load-alignments", "--full-context-alignment",
                     "--criterion", "label_smoothed_cross_entropy_with_alignment",
-                    "--max-tokens", "500", "--lr", "3e-3",
+                    "--max-tokens", "500", "--lr", "5e-3", "--validate-interval", "5",
                 ],
             ),
         ]
@@ -273,13 +274,16 @@ def test_fairseq_train_supervises_the_alignment(align_run):
     _, checkpoint, train_out, _ = align_run
     assert "built --arch realformer_align_tiny: residual attention layers " in train_out
     assert train_out.count("ADMIN profiling done on the first training batch: 10 sublayers") == 1
-    losses = [
-        float(x) for x in re.findall(r"train_inner \| .*? alignment_loss=([\d.]+)", train_out)
+    train = re.findall(r"train_inner \| .*? alignment_loss=([\d.]+)", train_out)
+    assert len(train) == TRAIN_UPDATES and all(float(x) > 0 for x in train)
+    # every 5th epoch a validation, on the same sentences: the valid alignments were loaded,
+    # and the supervised attention comes closer to them
+    valid = [
+        float(x)
+        for x in re.findall(r"valid on 'valid' subset \| .*? alignment_loss ([\d.]+)", train_out)
     ]
-    assert len(losses) == 30 and all(x > 0 for x in losses)
-    assert sum(losses[-5:]) < sum(losses[:5])
-    valid = re.findall(r"valid on 'valid' subset \| .*? alignment_loss ([\d.]+)", train_out)
-    assert valid and all(float(x) > 0 for x in valid)  # valid alignments were loaded too
+    assert len(valid) >= 3 and all(x > 0 for x in valid)
+    assert valid[-1] < valid[0] - 0.05, valid
     models, _ = checkpoint_utils.load_model_ensemble([str(checkpoint)])
     model = models[0]
     assert isinstance(model, RealformerTransformerAlignModel)
