@@ -617,3 +617,40 @@ def test_generate_score_reference_prints_the_full_forward_scores(eval_bleu_run):
         expected = lprobs.gather(-1, tokens[:, None]).squeeze(-1) / math.log(2)
         printed = torch.tensor([float(x) for x in rows["P"][i].split()])
         torch.testing.assert_close(printed, expected, rtol=0, atol=2e-4)
+
+
+def interactive_hypotheses(data_bin, checkpoint, input_path, *extra):
+    """``fairseq-interactive`` of ``checkpoint`` on ``input_path``: [(id, hypothesis)]."""
+    out = run(
+        [
+            fairseq_command("fairseq-interactive"), data_bin, "--user-dir", USER_DIR,
+            "--path", checkpoint, "-s", "en", "-t", "fr", "--beam", "4", "--cpu",
+            "--input", input_path, *extra,
+        ]
+    )  # fmt: skip
+    return [(int(i), h) for i, h in re.findall(r"^H-(\d+)\t\S+\t(.*)$", out, flags=re.M)]
+
+
+def test_interactive_constraints_appear_in_every_hypothesis(eval_bleu_run, tmp_path):
+    """The real command: ``fairseq-interactive --constraints ordered`` with tab-separated
+    constraint phrases after each source line (fairseq's input format), nbest 4."""
+    data_bin, checkpoint, _, _ = eval_bleu_run
+    sources = ["w1 w2 w3 w4", "w5 w6 w7", "w8 w9 w10 w11 w12"]
+    constraints = [["W9", "W3 W2"], ["W0 W11"], ["W14", "W13", "W15 W15"]]
+    constrained, plain = tmp_path / "constrained.en", tmp_path / "plain.en"
+    constrained.write_text(
+        "".join("\t".join([s, *c]) + "\n" for s, c in zip(sources, constraints)), "utf-8"
+    )
+    plain.write_text("".join(s + "\n" for s in sources), "utf-8")
+
+    def meets_constraints(i, hypothesis):
+        return contains_in_order(hypothesis.split(), [c.split() for c in constraints[i]])
+
+    hypotheses = interactive_hypotheses(
+        data_bin, checkpoint, constrained, "--constraints", "ordered", "--nbest", "4"
+    )
+    assert sorted({i for i, _ in hypotheses}) == [0, 1, 2]
+    for i, hypothesis in hypotheses:
+        assert meets_constraints(i, hypothesis), (hypothesis, constraints[i])
+    free = interactive_hypotheses(data_bin, checkpoint, plain)
+    assert len(free) == 3 and not all(meets_constraints(i, h) for i, h in free)
