@@ -203,6 +203,15 @@ def test_alignment_layer_beyond_the_decoder_breaks_fairseq_transformer_align(dic
         alignment_criterion(task)(vanilla, alignment_sample(task))
 
 
+@pytest.mark.parametrize("flags", [FAIRSEQ_ALIGN, OURS_ON], ids=["fairseq", "ours"])
+def test_transformer_align_does_not_script_in_fairseq_0_12_nor_here(dict_dir, flags):
+    """Said in docs/guarantees.md: fairseq's ``TransformerAlignModel.forward_decoder`` takes
+    ``**extra_args``, which TorchScript does not compile; ours mirrors it."""
+    model, _ = build(dict_dir, *flags)
+    with pytest.raises(torch.jit.frontend.NotSupportedError, match="variable number of arguments"):
+        torch.jit.script(model)
+
+
 def test_default_alignment_settings_are_fairseqs():
     from fairseq.models import ARCH_CONFIG_REGISTRY
 
