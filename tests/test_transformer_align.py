@@ -179,6 +179,40 @@ def test_admin_profiling_with_full_context_alignment_profiles_one_pass(dict_dir)
     assert all(w > 1.0 for w in omegas[0][1:4] + omegas[0][5:])
 
 
+def test_print_alignment_without_full_context_is_the_beam_search_attention(dict_dir):
+    """fairseq 0.12.3's ``SequenceGeneratorWithAlignment`` (``--print-alignment``) re-runs the
+    model's forward only under ``--full-context-alignment``; otherwise it takes the attention
+    beam search kept, the decoder's default (last layer, mean of all heads), not the
+    supervised head: for fairseq's ``transformer_align`` as for ours (said in the docs)."""
+    from fairseq.sequence_generator import SequenceGeneratorWithAlignment
+
+    torch.manual_seed(0)
+    ours, task = build(dict_dir, *OURS_OFF)
+    vanilla, _ = build(dict_dir, *FAIRSEQ_ALIGN)
+    copy_weights(vanilla, ours)
+    d = task.target_dictionary
+    src, src_lengths, _ = random_batch(d, bsz=2, pad_rows=())
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+    alignments, differs = [], 0
+    for model in (ours, vanilla):
+        model.eval()
+        generator = SequenceGeneratorWithAlignment([model], d, beam_size=2, max_len_b=6)
+        hypos = generator.generate([model], sample)
+        alignments.append([h[0]["alignment"] for h in hypos])
+        for i, sentence in enumerate(hypos):
+            tokens = sentence[0]["tokens"].unsqueeze(0)
+            prev = torch.cat([tokens[:, -1:], tokens[:, :-1]], dim=1)
+            with torch.no_grad():
+                enc = model.encoder(src[i : i + 1], src_lengths[i : i + 1])
+                default = model.decoder(prev, enc)[1]["attn"][0][0]
+                supervised = model(src[i : i + 1], src_lengths[i : i + 1], prev)[1]["attn"][0][0]
+            words = range(tokens.size(1) - 1)
+            expected = [(int(default[t, :-1].argmax()), t) for t in words]
+            assert [tuple(map(int, pair)) for pair in sentence[0]["alignment"]] == expected
+            differs += expected != [(int(supervised[t, :-1].argmax()), t) for t in words]
+    assert alignments[0] == alignments[1] and differs > 0
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
