@@ -7,14 +7,12 @@ tests/test_binaries.py ``test_alignment`` / ``test_alignment_full_context`` run 
 """
 
 import argparse
-import math
 import random
 import re
 
 import pytest
 import torch
 from harness import (
-    USER_DIR,
     fairseq_command,
     generate,
     preprocess,
