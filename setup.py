@@ -35,19 +35,28 @@ setup(
         # examples/wmt14_en_fr/text_tools.py makes 0.2.0's output equal to Moses perl (tested)
         "sacremoses==0.2.0",
         "subword-nmt>=0.3.8",
-        "matplotlib>=3.5",
         # --tensorboard-logdir: fairseq 0.12 writes with torch.utils.tensorboard, which needs
         # this package (without it fairseq only logs "tensorboard not found" and trains on)
         "tensorboard>=2.10",
+        # realformer-import-tf: BERT's WordPiece tokenisation (HuggingFace's maintained Rust
+        # implementation) and the CRC32-C checks of TensorFlow checkpoint files
+        "tokenizers>=0.13",
+        "google-crc32c>=1.1",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2"],
+        # the figures of realformer-attention-stats (--no-plots needs nothing) and of the
+        # studies in studies/ (not installed: run from a clone as python -m studies.NAME)
+        "plots": ["matplotlib>=3.5"],
+        # the tests draw the figures of realformer-attention-stats too
+        "test": ["pytest>=7", "pytest-timeout>=2", "matplotlib>=3.5"],
         "dev": ["black", "isort", "pytest>=7", "pytest-timeout>=2"],
     },
     entry_points={
         "console_scripts": [
             "realformer-average-checkpoints=realformer_fairseq.cli.average_checkpoints:cli_main",
             "realformer-attention-stats=realformer_fairseq.cli.attention_stats:cli_main",
+            "realformer-import-tf=realformer_fairseq.cli.import_tf:cli_main",
+            "realformer-wordpiece=realformer_fairseq.tf_import.wordpiece:cli_main",
         ]
     },
     classifiers=[

@@ -66,7 +66,7 @@ def measure(length: int, head_dim: int, batch: int, args) -> Dict:
     x = torch.randn(length, batch, heads * head_dim, requires_grad=not args.no_grad)
     padding = torch.zeros(batch, length, dtype=torch.bool)
     padding[-1, : length // 4] = True  # one left-padded sentence, as fairseq's sources
-    depths = list(range(args.layers + 1))
+    depths = sorted({0, *[d for d in (args.depths or range(args.layers + 1)) if d <= args.layers]})
     chains = {d: chain(args.layers, heads, head_dim, d, args.mode) for d in depths}
     steps = {d: (lambda c=c: run_chain(c, x, padding, not args.no_grad)) for d, c in chains.items()}
     for step in steps.values():
@@ -91,6 +91,7 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=int, default=2048, help="batch = max(1, tokens // length)")
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=4, help="chain length (switch depths 0..L)")
+    p.add_argument("--depths", nargs="+", type=int, help="switch depths to time (default 0..L)")
     p.add_argument("--mode", choices=("sum", "mean"), default="mean")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-grad", action="store_true", help="forward only (inference)")
@@ -118,10 +119,11 @@ def main(argv=None) -> Dict:
                   load_average_at_end=os.getloadavg())  # fmt: skip
     args.json.parent.mkdir(parents=True, exist_ok=True)
     write_json(args.json, report)
-    header = ["T", "head dim", "batch", *[f"D={d}" for d in range(args.layers + 1)], "best D"]
+    depths = list(rows[0]["time_ratio_vs_eager"])
+    header = ["T", "head dim", "batch", *[f"D={d}" for d in depths], "best D"]
     table = md_table(header, [
         [r["length"], r["head_dim"], r["batch"],
-         *[f"{r['time_ratio_vs_eager'][d]:.2f}" for d in range(args.layers + 1)],
+         *[f"{r['time_ratio_vs_eager'][d]:.2f}" for d in depths],
          r["best_switch_depth"]] for r in rows
     ])  # fmt: skip
     args.json.with_suffix(".md").write_text(table + "\n", encoding="utf-8")

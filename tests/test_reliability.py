@@ -177,8 +177,13 @@ def data_bin(tmp_path_factory):
             ["--arch", "realformer_tiny", "--residual-attention", "encoder,bogus"],
             "unknown chain(s) ['bogus']",
         ),
+        (
+            # used to turn residual attention off without a word (the build line said 0/2)
+            ["--arch", "realformer_tiny", "--residual-attention", ""],
+            "--residual-attention '': no chain named",
+        ),
     ],
-    ids=["admin-with-pre-ln", "mode-without-chain", "unknown-chain"],
+    ids=["admin-with-pre-ln", "mode-without-chain", "unknown-chain", "empty-chain-list"],
 )
 def test_bad_flags_give_one_error_line(data_bin, tmp_path, flags, expected):
     line = run_failing(train_cmd(data_bin, tmp_path / "ckpt", *flags))

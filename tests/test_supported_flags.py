@@ -16,6 +16,7 @@ import re
 import pytest
 import torch
 from harness import NO_DROPOUT as NAMESPACE_NO_DROPOUT
+from harness import NO_DROPOUT_FLAGS as NO_DROPOUT
 from harness import (
     USER_DIR,
     build_fairseq_tiny_transformer,
@@ -35,9 +36,8 @@ FAIRSEQ = ["--arch", "transformer", *TINY, *LAYERS]
 OURS_OFF = ["--arch", "postln_transformer_tiny", *LAYERS]
 # residual attention on (all three chains, running mean), fairseq's init
 OURS_ON = ["--arch", "realformer_tiny", "--init-type", "default", *LAYERS]
-NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
 # the same, as the args Namespace a checkpoint carries (what --model-overrides edits);
-# NAMESPACE_NO_DROPOUT (from harness) is NO_DROPOUT's
+# NAMESPACE_NO_DROPOUT and NO_DROPOUT are harness's
 NAMESPACE_LAYERS = dict(encoder_layers=4, decoder_layers=4, share_all_embeddings=True)
 
 BERT_TINY = ["--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128"]

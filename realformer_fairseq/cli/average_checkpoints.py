@@ -28,10 +28,11 @@ import logging
 import os
 import re
 import sys
-import tempfile
 from typing import Dict, List, Optional, Sequence
 
 import torch
+
+from ..atomic_files import atomic_output
 
 logger = logging.getLogger("realformer_fairseq.average_checkpoints")
 
@@ -231,15 +232,8 @@ def average_checkpoints(inputs: Sequence[str], output: str) -> dict:
     new_state["model"] = average_states(inputs, states)
     new_state["averaged_checkpoints"] = [os.path.abspath(p) for p in inputs]
 
-    fd, tmp = tempfile.mkstemp(prefix=".tmp.", suffix=".pt", dir=out_dir)
-    os.close(fd)
-    try:
+    with atomic_output(output) as tmp:
         torch.save(new_state, tmp)
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     logger.info(f"averaged {len(inputs)} checkpoints into {output}")
     return new_state
 

@@ -67,6 +67,11 @@ from .realformer_transformer import RealformerTransformerDecoder
 logger = logging.getLogger(__name__)
 
 DECODER_ONLY_CHAINS = ("decoder",)
+CHARACTER_EMBEDDER_FIELDS = (
+    "character_filters",
+    "character_embedding_dim",
+    "char_embedder_highway_layers",
+)
 
 
 class RealformerLMDecoder(RealformerTransformerDecoder):
@@ -131,6 +136,13 @@ class RealformerLanguageModel(
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
         realformer_lm_base_architecture(args)
+        # fairseq's transformer_lm takes these from its dataclass; base_lm_architecture (what
+        # this model without a dataclass has) leaves them unset: --character-embeddings crashed
+        for name in CHARACTER_EMBEDDER_FIELDS:
+            if utils.safe_getattr(args, name, None) is None:
+                setattr(
+                    args, name, TransformerLanguageModelConfig.__dataclass_fields__[name].default
+                )
         settings = settings_for_build(args, DECODER_ONLY_CHAINS, "this decoder-only language model")
 
         if args.decoder_layers_to_keep:

@@ -229,11 +229,8 @@ class AdminProfilingMixin:
             ", ".join(f"{v:.3f}" for v in omegas.values()),
         )
         if self.admin_profile_out and (not dist.is_initialized() or dist.get_rank() == 0):
-            import json
-            import os
+            from ..atomic_files import write_json_atomic
 
-            tmp = f"{self.admin_profile_out}.tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"omega": omegas, "profiling_order": profiler.trace}, fh, indent=1)
-            os.replace(tmp, self.admin_profile_out)
+            trace = {"omega": omegas, "profiling_order": profiler.trace}
+            write_json_atomic(self.admin_profile_out, trace)
         return omegas
