@@ -74,11 +74,12 @@ def settings_of(cfg) -> RealformerSettings:
     return settings
 
 
-def build_residual_attention(layer, embed_dim, num_heads, cfg, **kwargs):
+def build_residual_attention(layer, embed_dim, num_heads, cfg, chain_layers: int, **kwargs):
     """The residual attention module of the settings' route, with the arguments fairseq
     0.12.3's layers give their ``MultiheadAttention`` (dropout, quant noise): a
     :class:`RealformerMultiheadAttention` for ``--residual-attention-impl eager``, a
-    :class:`ConcatRealformerMultiheadAttention` for ``concat`` and ``auto``."""
+    :class:`ConcatRealformerMultiheadAttention` for ``concat`` and ``auto`` (``chain_layers``,
+    the number of layers of the chain, is ``auto``'s depth)."""
     settings = settings_of(cfg)
     fairseq_kwargs = dict(
         dropout=cfg.attention_dropout,
@@ -98,6 +99,7 @@ def build_residual_attention(layer, embed_dim, num_heads, cfg, **kwargs):
         num_heads,
         residual_attention_mode=settings.residual_attention_mode,
         residual_attention_impl=settings.residual_attention_impl,
+        chain_layers=chain_layers,
         **fairseq_kwargs,
     )
 
@@ -138,8 +140,9 @@ class RealformerEncoderLayer(FeedForwardSublayer, TransformerEncoderLayer):
         if not settings_of(cfg).residual("encoder"):
             return super().build_self_attention(embed_dim, cfg)
         return build_residual_attention(
-            self, embed_dim, cfg.encoder.attention_heads, cfg, self_attention=True
-        )
+            self, embed_dim, cfg.encoder.attention_heads, cfg, cfg.encoder.layers,
+            self_attention=True,
+        )  # fmt: skip
 
     def forward(
         self,
@@ -261,6 +264,7 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
             embed_dim,
             cfg.decoder.attention_heads,
             cfg,
+            cfg.decoder.layers,
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
             self_attention=True,
@@ -274,6 +278,7 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
             embed_dim,
             cfg.decoder.attention_heads,
             cfg,
+            cfg.decoder.layers,
             kdim=cfg.encoder.embed_dim,
             vdim=cfg.encoder.embed_dim,
             encoder_decoder_attention=True,

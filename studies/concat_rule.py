@@ -12,9 +12,9 @@ switch depth D = 0 (all eager) .. L (all concat), interleaved in one process, fo
 backward (``--no-grad``: forward only), and reports each D's time relative to D = 0 and the
 best D.
 
-usage:
-    OMP_NUM_THREADS=1 python scripts/concat_rule.py                 # -> docs/benchmarks/concat_rule.json
-    python scripts/concat_rule.py --lengths 16 --layers 2 --repeats 1 --json /tmp/rule.json  # smoke
+usage (from the repository root):
+    OMP_NUM_THREADS=1 python -m studies.concat_rule               # -> docs/benchmarks/concat_rule.json
+    python -m studies.concat_rule --lengths 16 --layers 2 --repeats 1 --json /tmp/rule.json  # smoke
 """
 
 import argparse
@@ -26,10 +26,11 @@ from pathlib import Path
 from typing import Dict, List
 
 import torch
-from bench_measure import interleaved_rates, machine_info
-from study import config, md_table, write_json
-
 from realformer_fairseq.modules.residual_attention import ConcatRealformerMultiheadAttention
+
+from .bench_measure import interleaved_rates, machine_info
+from .runs import config, write_json
+from .tables import md_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
