@@ -358,6 +358,7 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
         num_heads,
         residual_attention_mode: str,
         residual_attention_impl: str = "auto",
+        chain_layers: int = 1,
         **kwargs,
     ):
         if residual_attention_impl not in ("concat", "auto"):
@@ -367,6 +368,7 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
             )
         super().__init__(embed_dim, num_heads, residual_attention_mode, **kwargs)
         self.residual_attention_impl = residual_attention_impl
+        self.chain_layers = chain_layers  # layers in this module's chain, for auto's rule
         self.fp16_mask_value = float(torch.finfo(torch.float16).min)
         self.bf16_mask_value = float(torch.finfo(torch.bfloat16).min)
         # the last kernel logged, in a list for the same reason as _calls
