@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Dict, List
 
 import torch
+
 from realformer_fairseq.modules.residual_attention import ConcatRealformerMultiheadAttention
 
 from .bench_measure import interleaved_rates, machine_info

@@ -395,7 +395,7 @@ def test_built_model_that_disagrees_with_settings_is_refused():
     cases = [
         (
             {"residual_attention": "decoder,cross", "residual_attention_mode": "mean"},
-            "chain 'encoder' layer 0 has RealformerMultiheadAttention, but residual "
+            "chain 'encoder' layer 0 has ConcatRealformerMultiheadAttention, but residual "
             "attention is off for this chain",
         ),
         (

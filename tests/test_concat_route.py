@@ -389,3 +389,60 @@ def test_impl_flag_defaults_and_errors():
         model, _ = build_translation_model("realformer_tiny", **flags)
         for m in (model.encoder.layers[0].self_attn, model.decoder.layers[1].encoder_attn):
             assert type(m) is cls and m.residual_attention_impl == (impl or "auto")
+
+
+# auto's choice where studies.concat_rule measured it (docs/benchmarks/concat_rule*.json, the
+# best switch depth D of chains of L layers): (head_dim, L, T) -> D
+MEASURED_BEST = {
+    (64, 6, 128): 0,  # every D > 0 slower (1.13-2.10 x)
+    (64, 6, 512): 0,  # D=1 0.997 x: within noise, eager kept
+    (64, 6, 1024): 6,  # all fused: 0.84 x
+    (64, 6, 2048): 6,  # 0.77 x
+    (64, 12, 128): 0,
+    (64, 12, 1024): 3,  # measured D=3 0.91, D=4 0.87, D=6 0.86, D=12 1.32
+    (64, 4, 1024): 4,  # 0.66 x
+    (32, 4, 128): 0,  # 1.13 x
+    (32, 4, 256): 4,  # 0.86 x
+    (32, 4, 1024): 4,  # 0.43 x
+}
+
+
+@pytest.mark.parametrize("case", sorted(MEASURED_BEST))
+def test_auto_rule_picks_the_measured_depth(case):
+    head_dim, layers, length = case
+    m = ConcatRealformerMultiheadAttention(
+        4 * head_dim, 4, residual_attention_mode="mean", chain_layers=layers, self_attention=True
+    )
+    q = torch.zeros(1)
+    want = MEASURED_BEST[case]
+    if want in (0, layers):
+        assert m.concat_depth(length, length, q) == want
+    else:  # a partial depth: the measured ratios of D=3..6 are within noise of each other
+        assert 3 <= m.concat_depth(length, length, q) <= 6
+    assert [m.concat_pays(i, length, length, q) for i in range(layers)] == [
+        i < m.concat_depth(length, length, q) for i in range(layers)
+    ]
+    # not measured: half precision (and GPUs) run eager
+    assert m.concat_depth(length, length, q.half()) == 0
+    assert m.concat_depth(32, 32, q) == 0  # the NMT length: eager
+
+
+def test_auto_model_runs_fused_where_the_rule_says():
+    """realformer_tiny widened to head size 64, 4-layer chains at length 1024: auto fuses
+    every encoder layer; at length 64 every chain is eager."""
+    _, auto, dictionary = model_pair(
+        impl="auto", encoder_layers=4, decoder_layers=1, encoder_embed_dim=128,
+        encoder_attention_heads=2, decoder_attention_heads=2, **NO_DROPOUT,
+    )  # fmt: skip
+    auto.float().train()
+    for length, kernel in (
+        (1024, FUSED),
+        (64, "eager, because auto: the eager route is faster here"),
+    ):
+        src, src_lengths, tgt = random_batch(dictionary, 1, length, 2, pad_rows=())
+        auto(src, src_lengths, tgt)
+        assert {auto.encoder.layers[i].self_attn.last_kernel for i in range(4)} <= {
+            kernel,
+            "eager, the chain's stream",
+        }
+        assert auto.encoder.layers[0].self_attn.last_kernel == kernel

@@ -475,12 +475,53 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
         return self._merge_heads(attn, tgt_len, bsz), None, None, queries, keys
 
     def concat_pays(self, layer_idx: int, tgt_len: int, src_len: int, q: Tensor) -> bool:
-        """``auto``'s rule: is the fused attention over ``layer_idx + 1`` concatenated
-        layers faster than the eager route's layer here? Measured on CPU (float32, one
-        thread) with ``scripts/concat_rule.py``; see docs/benchmarks.md."""
+        """``auto``'s rule: does layer ``layer_idx`` run fused? Yes for the first
+        :meth:`concat_depth` layers of the chain."""
+        return layer_idx < self.concat_depth(tgt_len, src_len, q)
+
+    def concat_depth(self, tgt_len: int, src_len: int, q: Tensor) -> int:
+        """How many first layers of this chain ``auto`` runs fused (0: the eager route).
+
+        A cost model in units of one eager layer's attention, fitted to
+        ``python -m studies.concat_rule`` (CPU, float32, one thread, forward + backward,
+        chains of 4, 6 and 12 layers; forward only, 6 layers, chose the same depths;
+        docs/benchmarks.md): the fused attention over
+        ``l + 1`` concatenated layers costs ``(l + 1) / r``, forming the stream from ``D + 1``
+        parts when the chain switches to eager after ``D`` fused layers costs ``beta * D``
+        more. ``r`` and ``beta`` grow and shrink with ``tgt_len * src_len`` and the head size
+        (the eager route's passes over the ``T x S`` stream leave the caches at long lengths,
+        the fused kernel's work grows with the head size). The depth that saves the most is
+        taken if it saves at least 5 % of the chain's eager attention, else 0. GPUs and half
+        precision were not measured here: eager (``studies/gpu_check.py`` measures the
+        routes on a GPU).
+        """
         if q.device.type != "cpu" or q.dtype != torch.float32:
-            return False  # not measured: GPUs, half precision (scripts/gpu_check.py)
-        return False
+            return 0
+        area = tgt_len * src_len
+        r, beta = 0.0, 1.0
+        if self.head_dim <= 32:
+            if area >= 1024 * 1024:
+                r, beta = 8.0, 0.15
+            elif area >= 512 * 512:
+                r, beta = 5.5, 0.2
+            elif area >= 256 * 256:
+                r, beta = 3.0, 0.4
+        else:
+            if area >= 1024 * 1024:
+                r, beta = 4.4, 0.2
+            elif area >= 512 * 512:
+                r, beta = 2.2, 0.45
+            r = r * min(1.0, 64.0 / self.head_dim)  # wider heads: not measured, scaled
+        if r == 0.0:
+            return 0
+        layers = self.chain_layers
+        best_depth, best_saving = 0, 0.05 * layers
+        for depth in range(1, layers + 1):
+            fused = depth * (depth + 1) / (2.0 * r)
+            saving = depth - fused if depth == layers else depth * (1.0 - beta) - fused
+            if saving > best_saving:
+                best_depth, best_saving = depth, saving
+        return best_depth
 
     def _why_not_fused(
         self,
