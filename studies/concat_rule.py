@@ -36,7 +36,10 @@ from .tables import md_table
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
-def chain(layers: int, heads: int, head_dim: int, switch_depth: int, mode: str):
+DTYPES = {"float32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def chain(layers: int, heads: int, head_dim: int, switch_depth: int, mode: str, device, dtype):
     """``layers`` modules of the auto route whose rule is replaced by ``layer < switch_depth``."""
     torch.manual_seed(0)
     modules = []
@@ -45,7 +48,7 @@ def chain(layers: int, heads: int, head_dim: int, switch_depth: int, mode: str):
             heads * head_dim, heads, residual_attention_mode=mode, self_attention=True
         )
         m.concat_pays = lambda layer_idx, tgt_len, src_len, q, d=switch_depth: layer_idx < d
-        modules.append(m)
+        modules.append(m.to(device=device, dtype=dtype))
     return modules
 
 
@@ -64,16 +67,17 @@ def run_chain(modules, x, padding, grad: bool):
 
 
 def measure(length: int, head_dim: int, batch: int, args) -> Dict:
-    heads = args.heads
-    x = torch.randn(length, batch, heads * head_dim, requires_grad=not args.no_grad)
-    padding = torch.zeros(batch, length, dtype=torch.bool)
+    heads, device, dtype = args.heads, args.device, DTYPES[args.dtype]
+    x = torch.randn(length, batch, heads * head_dim, device=device, dtype=dtype)
+    x.requires_grad_(not args.no_grad)
+    padding = torch.zeros(batch, length, dtype=torch.bool, device=device)
     padding[-1, : length // 4] = True  # one left-padded sentence, as fairseq's sources
     depths = sorted({0, *[d for d in (args.depths or range(args.layers + 1)) if d <= args.layers]})
-    chains = {d: chain(args.layers, heads, head_dim, d, args.mode) for d in depths}
+    chains = {d: chain(args.layers, heads, head_dim, d, args.mode, device, dtype) for d in depths}
     steps = {d: (lambda c=c: run_chain(c, x, padding, not args.no_grad)) for d, c in chains.items()}
     for step in steps.values():
         step()  # warm-up
-    rates = interleaved_rates(steps, {d: 1.0 for d in depths}, args.repeats, 1)
+    rates = interleaved_rates(steps, {d: 1.0 for d in depths}, args.repeats, 1, device)
     seconds = {d: 1.0 / statistics.median(r) for d, r in rates.items()}
     ratio = {  # time of D / time of all-eager, median of per-repeat ratios
         d: statistics.median(e / c for c, e in zip(rates[d], rates[0])) for d in depths
@@ -98,6 +102,8 @@ def parse_args(argv=None):
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-grad", action="store_true", help="forward only (inference)")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument("--json", type=Path, default=REPO_ROOT / "docs/benchmarks/concat_rule.json")
     return p.parse_args(argv)
 

@@ -38,7 +38,9 @@ def training(mode):
 def half(dtype):
     causal, pad = t.masks()
     x = torch.randn(6, 3, 16, dtype=torch.float64)
-    truth, _ = t.run_chain(t.module_chain("eager", "mean"), x, key_padding_mask=pad, attn_mask=causal)
+    truth, _ = t.run_chain(
+        t.module_chain("eager", "mean"), x, key_padding_mask=pad, attn_mask=causal
+    )
     scale = max(o.abs().max().item() for o in truth)
     errors = {}
     for impl in ("eager", "concat"):
