@@ -482,46 +482,21 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
     def concat_depth(self, tgt_len: int, src_len: int, q: Tensor) -> int:
         """How many first layers of this chain ``auto`` runs fused (0: the eager route).
 
-        A cost model in units of one eager layer's attention, fitted to
-        ``python -m studies.concat_rule`` (CPU, float32, one thread, forward + backward,
-        chains of 4, 6 and 12 layers; forward only, 6 layers, chose the same depths;
-        docs/benchmarks.md): the fused attention over
-        ``l + 1`` concatenated layers costs ``(l + 1) / r``, forming the stream from ``D + 1``
-        parts when the chain switches to eager after ``D`` fused layers costs ``beta * D``
-        more. ``r`` and ``beta`` grow and shrink with ``tgt_len * src_len`` and the head size
-        (the eager route's passes over the ``T x S`` stream leave the caches at long lengths,
-        the fused kernel's work grows with the head size). The depth that saves the most is
-        taken if it saves at least 5 % of the chain's eager attention, else 0. GPUs and half
-        precision were not measured here: eager (``studies/gpu_check.py`` measures the
-        routes on a GPU).
+        Measured (docs/benchmarks.md, "Routes of the residual score chains"): on this
+        project's CPU (float32, one thread, training) the concat route was slower than the
+        eager route in every model measured, at every length, depth and head size tried:
+        6L-6L d256 translation at 128/512/1024 tokens (0.76/0.69/0.68 x the eager route's
+        words/s), 6L-6L d512 and 60L-12L at 32 tokens, a 12-layer encoder and a 6-layer LM at
+        128/512/1024. Chains of attention alone (``python -m studies.concat_rule``) win only
+        at 4 layers or fewer from ~1024 tokens (head size 64), and lose at 6 and 12 layers
+        once the machine is quiet: the CPU flash kernel's backward over ``(l + 1) * head_dim``
+        wide heads costs more than the eager route's passes over the stream. Attention dropout
+        on CPU rules the fused kernels out anyway. GPUs and half precision are not measured
+        (``studies/gpu_check.py`` part 4 measures the switch depth there). So ``auto`` runs
+        eager everywhere until a measurement shows a depth that pays; the argument list is
+        what such a rule reads.
         """
-        if q.device.type != "cpu" or q.dtype != torch.float32:
-            return 0
-        area = tgt_len * src_len
-        r, beta = 0.0, 1.0
-        if self.head_dim <= 32:
-            if area >= 1024 * 1024:
-                r, beta = 8.0, 0.15
-            elif area >= 512 * 512:
-                r, beta = 5.5, 0.2
-            elif area >= 256 * 256:
-                r, beta = 3.0, 0.4
-        else:
-            if area >= 1024 * 1024:
-                r, beta = 4.4, 0.2
-            elif area >= 512 * 512:
-                r, beta = 2.2, 0.45
-            r = r * min(1.0, 64.0 / self.head_dim)  # wider heads: not measured, scaled
-        if r == 0.0:
-            return 0
-        layers = self.chain_layers
-        best_depth, best_saving = 0, 0.05 * layers
-        for depth in range(1, layers + 1):
-            fused = depth * (depth + 1) / (2.0 * r)
-            saving = depth - fused if depth == layers else depth * (1.0 - beta) - fused
-            if saving > best_saving:
-                best_depth, best_saving = depth, saving
-        return best_depth
+        return 0
 
     def _why_not_fused(
         self,
