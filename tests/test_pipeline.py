@@ -236,6 +236,60 @@ def test_tokenize_matches_moses_conventions(tmp_path):
     assert tt._tokenize_line("Soft\xadhyphen Inter\xadnational") == "Soft hyphen Inter national"
 
 
+# Lines the golden files do not cover: runs of letters sacremoses 0.2.0's tables lack (CJK
+# ideographs, Hangul syllables, letters and digits outside the BMP) inside English and French.
+# tokenizer.perl pads only characters outside \p{IsAlnum} (Alphabetic or Decimal_Number), splits
+# a hyphen between two \p{IsAlnum} with -a, and treats \p{IsAlpha} letters on either side of an
+# apostrophe by its en / fr contraction rules, so every such run stays one token. The expected
+# output is written from those rules (Moses commit 34452895, scripts/tokenizer/tokenizer.perl)
+# and is what perl 5.36 printed for both chains of moses_reference/README.md on these lines (the
+# train chain's normalize-punctuation.perl turns « » into quotes, and in English moves the
+# dot before the closing quote: line 2 only).
+CJK_LINES = [
+    "He said 東京タワー is tall and ひらがなカタカナー ok 한국어 too.",
+    "Le mot 漢字 signifie « caractère chinois ».",
+    "東京's tower, 北京-上海 line: 中文。日本語、テスト",
+    "Numbers 𝟙𝟚 and 𠀀𠀁 ext-B, 𝒜𝒷 math.",
+    "It's 東京'ın and l'東京",
+]
+CJK_TOKENS = {
+    "en": [
+        "He said 東京タワー is tall and ひらがなカタカナー ok 한국어 too .",
+        "Le mot 漢字 signifie « caractère chinois » .",
+        "東京 &apos;s tower , 北京 @-@ 上海 line : 中文 。 日本語 、 テスト",
+        "Numbers 𝟙𝟚 and 𠀀𠀁 ext @-@ B , 𝒜𝒷 math .",
+        "It &apos;s 東京 &apos;ın and l &apos;東京",
+    ],
+    "fr": [
+        "He said 東京タワー is tall and ひらがなカタカナー ok 한국어 too .",
+        "Le mot 漢字 signifie « caractère chinois » .",
+        "東京&apos; s tower , 北京 @-@ 上海 line : 中文 。 日本語 、 テスト",
+        "Numbers 𝟙𝟚 and 𠀀𠀁 ext @-@ B , 𝒜𝒷 math .",
+        "It&apos; s 東京&apos; ın and l&apos; 東京",
+    ],
+}
+CJK_TRAIN_CHAIN_LINE_2 = {
+    "en": "Le mot 漢字 signifie &quot; caractère chinois . &quot;",
+    "fr": "Le mot 漢字 signifie &quot; caractère chinois &quot; .",
+}
+
+
+@pytest.mark.parametrize("lang", ["en", "fr"])
+@pytest.mark.parametrize("chain", ["train", "test"])
+def test_tokenize_keeps_cjk_runs_whole_as_moses_perl(lang, chain):
+    """sacremoses 0.2.0 alone gives 東 京 タワー, 한 국 어, 北 京 - 上 海, 𝟙 𝟚 (every line differs)."""
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import text_tools as tt
+    finally:
+        sys.path.pop(0)
+    tt._init_worker(lang, chain)
+    expected = list(CJK_TOKENS[lang])
+    if chain == "train":
+        expected[1] = CJK_TRAIN_CHAIN_LINE_2[lang]
+    assert [tt._tokenize_line(line) for line in CJK_LINES] == expected
+
+
 def test_long_cpu_stages_log_progress_and_bpe_equals_subword_nmt(tmp_path):
     """tokenize, learn-bpe and apply-bpe print fairseq-style progress lines (count and rate);
     learn-bpe / apply-bpe give exactly what subword-nmt's command line gives (reference

@@ -15,6 +15,7 @@ output is written to a temporary name next to it and renamed when complete.
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -161,14 +162,67 @@ _WORKER = {}
 # the sacremoses release whose output these fixes make equal to Moses perl (setup.py pins it;
 # prepare.sh puts the version into the tokenize stage's marker)
 SACREMOSES_VERSION = "0.2.0"
-PERL_FIXES = 1  # raise when the fixes below change: prepare.sh then redoes the tokenize stage
+PERL_FIXES = 2  # raise when the fixes below change: prepare.sh then redoes the tokenize stage
 
 
-def _moses_tokenizer(lang: str):
-    """sacremoses' MosesTokenizer plus the one rule of tokenizer.perl it lacks: the last word
-    of a line that ends with a dot has the dot split off, whatever the word (``etc.``,
+def _widened(chars: str, in_perl_class) -> str:
+    """``chars`` plus, as ``a-b`` ranges, every code point ``in_perl_class`` accepts that it
+    lacks (never fewer characters than sacremoses has)."""
+    have = set(chars)
+    ranges: List[List[int]] = []
+    for code in range(sys.maxunicode + 1):
+        char = chr(code)
+        if char not in have and in_perl_class(char):
+            if ranges and ranges[-1][1] == code - 1:
+                ranges[-1][1] = code
+            else:
+                ranges.append([code, code])
+    return chars + "".join(f"{chr(a)}-{chr(b)}" if b > a else chr(a) for a, b in ranges)
+
+
+# tokenizer.perl's character classes as Perl 5.36 (Unicode 14.0, as Python 3.11's unicodedata)
+# defines them: \p{IsAlnum} = Alphabetic or Decimal_Number, \p{IsAlpha} = Alphabetic,
+# \p{IsN} = Number. sacremoses 0.2.0's tables hold only the BMP code points listed one by one in
+# UnicodeData.txt, so they miss the ranges listed as First/Last pairs (CJK Unified Ideographs
+# U+3400-4DBF and U+4E00-9FFF, Hangul syllables U+AC00-D7A3, ...), every letter outside the BMP
+# and letters added after its Unicode version: it split a run of such letters into single
+# characters (東京 -> 東 京) where tokenizer.perl keeps it whole. Every letter (L*) and every
+# number of Python's table is added; nothing is removed.
+PERL_CLASSES = {
+    "IsAlnum": lambda c: c.isalpha() or unicodedata.category(c) == "Nd",
+    "IsAlpha": str.isalpha,
+    "IsN": lambda c: unicodedata.category(c)[0] == "N",
+}
+
+
+@functools.lru_cache(maxsize=None)
+def _perl_tokenizer_class():
+    """sacremoses' MosesTokenizer with tokenizer.perl's character classes (PERL_CLASSES): the
+    classes and every rule built from them, and the one rule of tokenizer.perl it lacks: the
+    last word of a line that ends with a dot has the dot split off, whatever the word (``etc.``,
     ``U.S.A.``, ``FoxNews.com.``), before the non-breaking-prefix rules are asked."""
     from sacremoses import MosesTokenizer
+
+    classes = {name: getattr(MosesTokenizer, name) for name in PERL_CLASSES}
+    widened = {name: _widened(chars, PERL_CLASSES[name]) for name, chars in classes.items()}
+
+    def widen_rule(rule):  # (compiled pattern, replacement) with the classes replaced
+        pattern, replacement = rule
+        text = pattern.pattern
+        for name, chars in classes.items():
+            text = text.replace(chars, widened[name])
+        return (re.compile(text, pattern.flags) if text != pattern.pattern else pattern), replacement
+
+    def is_rule(value):
+        return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], re.Pattern)
+
+    attributes = dict(widened)
+    for name in dir(MosesTokenizer):
+        value = getattr(MosesTokenizer, name)
+        if is_rule(value):
+            attributes[name] = widen_rule(value)
+        elif isinstance(value, list) and value and all(map(is_rule, value)):
+            attributes[name] = [widen_rule(rule) for rule in value]
 
     class PerlTokenizer(MosesTokenizer):
         def handles_nonbreaking_prefixes(self, text):
@@ -179,7 +233,14 @@ def _moses_tokenizer(lang: str):
                 text = text[:-1] + " ."
             return text
 
-    return PerlTokenizer(lang=lang)
+    for name, value in attributes.items():
+        setattr(PerlTokenizer, name, value)
+    return PerlTokenizer
+
+
+def _moses_tokenizer(lang: str):
+    """tokenizer.perl in Python: see _perl_tokenizer_class."""
+    return _perl_tokenizer_class()(lang=lang)
 
 
 def remove_non_printing(line: str) -> str:
