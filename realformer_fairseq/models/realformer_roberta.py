@@ -131,11 +131,12 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
     ):
         """fairseq's ``RobertaModel.from_pretrained`` (same arguments: ``data_name_or_path``,
         ``bpe``, ``bpe_codes``, ...), returning a :class:`RealformerRobertaHubInterface`."""
-        from .hub_interface import RealformerRobertaHubInterface
+        from .hub_interface import RealformerRobertaHubInterface, warn_if_not_plugin_model
 
         hub = super().from_pretrained(
             model_name_or_path, checkpoint_file, data_name_or_path, bpe=bpe, **kwargs
         )
+        warn_if_not_plugin_model([hub.model], cls, f"{model_name_or_path}/{checkpoint_file}")
         return RealformerRobertaHubInterface(hub.cfg, hub.task, hub.model)
 
     def forward(
