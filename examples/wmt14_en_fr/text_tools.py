@@ -236,7 +236,9 @@ def _perl_tokenizer_class(perl_classes: bool):
         text = pattern.pattern
         for name, chars in classes.items():
             text = text.replace(chars, widened[name])
-        return (re.compile(text, pattern.flags) if text != pattern.pattern else pattern), replacement
+        return (
+            re.compile(text, pattern.flags) if text != pattern.pattern else pattern
+        ), replacement
 
     def is_rule(value):
         return isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], re.Pattern)
