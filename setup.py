@@ -24,8 +24,10 @@ setup(
         # base as prebuilt cp311/cp312 wheels (see README, "Choice of fairseq").
         've-fairseq==0.12.3; python_version >= "3.11" and python_version < "3.13"',
         'fairseq==0.12.2; python_version < "3.11"',
-        # 2.13.0 (the CPU wheel on the build machines) must satisfy this range.
-        "torch>=2.1,<2.15",
+        # 2.13.0 (the CPU wheel on the build machines) must satisfy this range; 2.5 is the
+        # first with torch.serialization.safe_globals, which checkpoint_compat and
+        # realformer-average-checkpoints load every checkpoint with (weights_only=True)
+        "torch>=2.5,<2.15",
         # fairseq 0.12 uses np.compat.long / np.int, which numpy 2 removed; checkpoint_compat
         # allow-lists np.dtypes.*DType (pickled into checkpoints), new in numpy 1.25
         "numpy>=1.25,<2",
@@ -33,13 +35,16 @@ setup(
         # examples/wmt14_en_fr/text_tools.py makes 0.2.0's output equal to Moses perl (tested)
         "sacremoses==0.2.0",
         "subword-nmt>=0.3.8",
-        "matplotlib>=3.5",
         # --tensorboard-logdir: fairseq 0.12 writes with torch.utils.tensorboard, which needs
         # this package (without it fairseq only logs "tensorboard not found" and trains on)
         "tensorboard>=2.10",
     ],
     extras_require={
-        "test": ["pytest>=7", "pytest-timeout>=2"],
+        # the figures of realformer-attention-stats (--no-plots needs nothing) and of the
+        # studies in studies/ (not installed: run from a clone as python -m studies.NAME)
+        "plots": ["matplotlib>=3.5"],
+        # the tests draw the figures of realformer-attention-stats too
+        "test": ["pytest>=7", "pytest-timeout>=2", "matplotlib>=3.5"],
         "dev": ["black", "isort", "pytest>=7", "pytest-timeout>=2"],
     },
     entry_points={

@@ -17,8 +17,9 @@ The same wrapper turns the error torch gives for a truncated or corrupt file (a
 ``RuntimeError`` of its zip reader, ``EOFError`` or a truncated pickle) into a
 :class:`~realformer_fairseq.errors.RealformerCheckpointError` naming the file and its size, so
 that ``fairseq-generate``, ``fairseq-interactive``, ``fairseq-train`` resuming from
-``checkpoint_last.pt``, ``realformer-attention-stats`` and the hub's ``from_pretrained`` stop
-with one line instead of a traceback (``errors.install_one_line_excepthook``).
+``checkpoint_last.pt`` and ``realformer-attention-stats`` stop with one line instead of a
+traceback (:func:`~realformer_fairseq.errors.one_line_under_fairseq_commands`), and the hub's
+``from_pretrained`` raises it.
 """
 
 import argparse
@@ -32,7 +33,7 @@ import typing
 import numpy as np
 import torch
 
-from .errors import RealformerCheckpointError
+from .errors import RealformerCheckpointError, one_line_under_fairseq_commands
 
 _PATCHED_FLAG = "_realformer_safe_globals"
 
@@ -103,8 +104,6 @@ def unreadable_file_reason(err: BaseException):
 
 def install():
     """Wrap ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (idempotent)."""
-    if not hasattr(torch.serialization, "safe_globals"):
-        return  # torch < 2.5: torch.load does not default to weights_only
     from fairseq import checkpoint_utils
 
     original = checkpoint_utils.load_checkpoint_to_cpu
@@ -126,5 +125,6 @@ def install():
                 "copy or save it again, or use another checkpoint"
             ) from err
 
+    load_checkpoint_to_cpu = one_line_under_fairseq_commands(load_checkpoint_to_cpu)
     setattr(load_checkpoint_to_cpu, _PATCHED_FLAG, True)
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu

@@ -1,52 +1,74 @@
-"""One-line start-up errors for bad flag combinations."""
+"""The plugin's error type, and where it becomes a one-line exit.
+
+Library code (``build_model``, ``load_state_dict``, the settings reader, the importers)
+raises :class:`RealformerConfigError`, a ``ValueError`` whose message is one line: a hub
+user in a notebook, a sweep loop or a test harness can catch it and goes on.
+
+Only command-line entry points turn it into ``prog: error: <message>`` and exit status 1:
+the plugin's own console commands (each wraps its ``main`` in :func:`exit_with_one_line`),
+and fairseq's console commands (``fairseq-train``, ``fairseq-hydra-train``,
+``fairseq-generate``, ...), in which the model's ``build_model`` / ``load_state_dict`` are
+decorated with :func:`one_line_under_fairseq_commands`. fairseq wraps what
+``load_state_dict`` raises into a bare ``Exception("Cannot load model parameters ...")``
+and hydra prints its own traceback for an ``Exception``, so under those commands the
+error must leave as ``SystemExit``, which neither catches.
+"""
 
 import functools
+import os
 import sys
-
-PROG = "realformer_fairseq"
-_HOOK_FLAG = "_realformer_one_line"
 
 
 class RealformerConfigError(ValueError):
-    """A flag or checkpoint that this plugin cannot use; the message says why."""
+    """A flag or checkpoint that this plugin cannot use; the message (one line) says why."""
 
 
 class RealformerCheckpointError(RealformerConfigError):
     """A checkpoint file that cannot be read (truncated, corrupt); the message names it."""
 
 
-def exit_on_config_error(fn):
-    """Turn a RealformerConfigError raised at start-up into one error line
-    (``realformer_fairseq: error: ...``, printed by Python on stderr) and exit
-    status 1, instead of a stack trace. ``SystemExit`` is no ``Exception``, so
-    fairseq's ``except Exception`` handlers (e.g. around checkpoint loading)
-    let it through."""
+def running_a_fairseq_command() -> bool:
+    """Is this process a fairseq console command (``fairseq-train``, ``fairseq-hydra-train``,
+    ``fairseq-generate``, ``fairseq-interactive``, ``fairseq-eval-lm``, ``fairseq-validate``,
+    ... or ``python -m fairseq_cli.<name>``)? Spawned distributed workers inherit the
+    parent's ``sys.argv`` and answer as it does."""
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    if program.startswith("fairseq-"):
+        return True
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return bool(spec is not None and (spec.name or "").startswith("fairseq_cli."))
+
+
+def one_line_under_fairseq_commands(fn):
+    """Under a fairseq console command, turn :class:`RealformerConfigError` into one line
+    ``realformer_fairseq: error: ...`` and exit status 1 (``SystemExit``); anywhere else
+    (Python code, notebooks, tests) let it propagate."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except RealformerConfigError as err:
-            raise SystemExit(f"realformer_fairseq: error: {err}") from None
+            if running_a_fairseq_command():
+                raise SystemExit(f"realformer_fairseq: error: {err}") from None
+            raise
 
     return wrapper
 
 
-def install_one_line_excepthook():
-    """An uncaught :class:`RealformerConfigError` ends the process with the one line
-    ``realformer_fairseq: error: ...`` on stderr (exit status 1, as for any uncaught exception)
-    instead of a traceback: what a console command (``fairseq-generate``, ``fairseq-train``, ...)
-    shows. Other exceptions go to the previous hook unchanged, and code that catches the error (a
-    notebook, a sweep loop, a test) gets the exception itself (idempotent)."""
-    previous = sys.excepthook
-    if getattr(previous, _HOOK_FLAG, False):
-        return
+def exit_with_one_line(prog: str):
+    """Decorator for a console command's ``main``: :class:`RealformerConfigError` becomes
+    ``prog: error: <message>`` on stderr and exit status 1."""
 
-    def one_line_excepthook(exc_type, exc, tb):
-        if issubclass(exc_type, RealformerConfigError):
-            sys.stderr.write(f"{PROG}: error: {exc}\n")
-        else:
-            previous(exc_type, exc, tb)
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except RealformerConfigError as err:
+                raise SystemExit(f"{prog}: error: {err}") from None
 
-    setattr(one_line_excepthook, _HOOK_FLAG, True)
-    sys.excepthook = one_line_excepthook
+        return wrapper
+
+    return decorate

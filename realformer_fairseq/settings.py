@@ -1,69 +1,112 @@
-"""The plugin's settings, read once from whatever config fairseq hands a model.
+"""The plugin's flags: declared, read and validated here, once per model build.
 
 He, Ravula, Kanagal, Ainslie. "RealFormer: Transformer Likes Residual Attention"
 (arXiv 2012.11747): which attention score chains are residual, and whether the softmax
 sees the running sum or the running mean. Liu et al. "Understanding the Difficulty of
 Training Transformers" (arXiv 2004.08249): ADMIN initialisation of the residuals.
 
+This module is the bottom of the package: it imports nothing from ``models/`` or
+``modules/``. :data:`FLAGS` declares every plugin flag (the command line of every model
+family is made from it); :func:`read_realformer_settings` is the one function that reads
+them from a model config, checks them and returns the frozen :class:`RealformerSettings`
+that the models pass, as explicit values, to their encoders, decoders, layers, attention
+modules and ADMIN residuals.
+
 fairseq hands ``build_model`` an argparse ``Namespace`` (``fairseq-train``, checkpoints
 saved by it) or an omegaconf ``DictConfig`` (``fairseq-hydra-train``, checkpoints saved
 by it, ``task.build_model(cfg)``), and its legacy transformer classes convert either to a
 ``TransformerConfig``, keeping keys that are not its fields only for a ``Namespace``. The
-plugin's flags therefore must not be looked up further down with ``safe_getattr(...,
-default)``: on a ``DictConfig`` they would silently fall back to a vanilla transformer.
-
-Instead, ``build_model`` calls :func:`read_realformer_settings` once, after the
-architecture's defaults are applied, and passes the frozen :class:`RealformerSettings`
-explicitly to the encoder/decoder, which pass explicit values on to their layers,
-attention modules and ADMIN residuals. A flag that is missing is an error, never a default.
-After building, :func:`check_layers_match_settings` compares the built model with the
-settings and refuses any disagreement with one error line.
+flags therefore are never looked up further down with ``safe_getattr(..., default)``: on a
+``DictConfig`` they would silently fall back to a vanilla transformer. A flag that is
+missing is an error, never a default.
 """
 
-import argparse
 import dataclasses
-import logging
-from typing import Dict, FrozenSet, Iterable, Mapping, Optional, Sequence
-
-from torch import nn
+from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence
 
 from .errors import RealformerConfigError
-from .modules.admin import INIT_TYPES, AdminResidual
-from .modules.residual_attention import RESIDUAL_ATTENTION_MODES, RealformerMultiheadAttention
-
-logger = logging.getLogger(__name__)
 
 RESIDUAL_CHAINS = ("encoder", "decoder", "cross")
+RESIDUAL_ATTENTION_MODES = ("sum", "mean")
+INIT_TYPES = ("default", "admin", "admin-closed-form")
 ADMIN_INIT_TYPES = ("admin", "admin-closed-form")
 
 
-def parse_residual_chains(value: Optional[str]) -> set:
-    """``--residual-attention`` value: ``all``, ``none`` or a comma list of
-    ``encoder`` (encoder self-attention), ``decoder`` (decoder self-attention)
-    and ``cross`` (decoder encoder-attention)."""
-    if value is None or value == "none" or value == "":
-        return set()
-    if value == "all":
-        return set(RESIDUAL_CHAINS)
-    chains = {c.strip() for c in value.split(",") if c.strip()}
-    unknown = chains - set(RESIDUAL_CHAINS)
-    if unknown:
-        raise RealformerConfigError(
-            f"--residual-attention: unknown chain(s) {sorted(unknown)}; use 'all', "
-            f"'none' or a comma list of {', '.join(RESIDUAL_CHAINS)}"
-        )
-    return chains
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """One plugin flag: its config key (``--`` + key with dashes on the command line),
+    its argparse declaration, and whether every architecture must set it."""
+
+    key: str
+    argparse: Dict[str, Any]
+    required: bool = False
+
+    @property
+    def option(self) -> str:
+        return "--" + self.key.replace("_", "-")
+
+
+FLAGS = (
+    Flag(
+        "residual_attention",
+        dict(
+            metavar="CHAINS",
+            help="residual attention (RealFormer) chains: 'all', 'none' or a comma list of "
+            "encoder (encoder self-attn), decoder (decoder self-attn), cross (encoder-decoder "
+            "attn)",
+        ),
+        required=True,
+    ),
+    Flag(
+        "residual_attention_mode",
+        dict(
+            choices=RESIDUAL_ATTENTION_MODES,
+            help="sum: softmax over the running sum of scores; mean: over the running mean "
+            "(the stream passed on stays the sum; the official code's docstring: 'helpful for "
+            "deep RealFormer models with 30+ layers')",
+        ),
+    ),
+    Flag(
+        "init_type",
+        dict(
+            choices=INIT_TYPES,
+            help="default: fairseq's init; admin: ADMIN omega profiled on the first "
+            "training batch; admin-closed-form: admin-torch's data-free omega",
+        ),
+        required=True,
+    ),
+    Flag(
+        "admin_profile_out",
+        dict(
+            metavar="FILE",
+            help="with --init-type admin: write the profiled omega to this JSON file",
+        ),
+    ),
+    Flag(
+        "admin_allow_pre_ln",
+        dict(
+            action="store_true",
+            help="allow --init-type admin* with Pre-LN (ADMIN is meant for Post-LN)",
+        ),
+    ),
+)
+FLAG_KEYS = tuple(flag.key for flag in FLAGS)
+
+
+def add_realformer_args(parser):
+    """Declare :data:`FLAGS` on a model's argparse parser (every family's ``add_args``)."""
+    for flag in FLAGS:
+        parser.add_argument(flag.option, **flag.argparse)
 
 
 @dataclasses.dataclass(frozen=True)
 class RealformerSettings:
-    """What the plugin's flags ask of one model; built by :func:`read_realformer_settings`."""
+    """What the plugin's flags ask of one model; made only by :func:`read_realformer_settings`."""
 
     residual_chains: FrozenSet[str]
     residual_attention_mode: Optional[str]  # None exactly when no chain is residual
     init_type: str
     admin_profile_out: Optional[str]
-    admin_allow_pre_ln: bool
 
     @property
     def admin(self) -> bool:
@@ -77,20 +120,44 @@ class RealformerSettings:
         return chain in self.residual_chains
 
 
+def parse_residual_chains(value: str, model_chains: Sequence[str] = RESIDUAL_CHAINS) -> set:
+    """``--residual-attention`` value: ``all`` (every chain of the model), ``none`` or a comma
+    list of ``encoder`` (encoder self-attention), ``decoder`` (decoder self-attention) and
+    ``cross`` (decoder encoder-attention), each of them a chain of the model. An empty value is
+    an error (it used to turn residual attention off without a word)."""
+    if value == "none":
+        return set()
+    if value == "all":
+        return set(model_chains)
+    chains = {c.strip() for c in value.split(",") if c.strip()}
+    if not chains:
+        raise RealformerConfigError(
+            f"--residual-attention {value!r}: no chain named; use 'all', 'none' or a comma "
+            f"list of {', '.join(model_chains)}"
+        )
+    unknown = chains - set(RESIDUAL_CHAINS)
+    if unknown:
+        raise RealformerConfigError(
+            f"--residual-attention: unknown chain(s) {sorted(unknown)}; use 'all', "
+            f"'none' or a comma list of {', '.join(RESIDUAL_CHAINS)}"
+        )
+    return chains
+
+
 _MISSING = object()
 
 
-def config_value(cfg, key: str):
+def config_value(cfg, key: str, default=_MISSING):
     """``cfg[key]`` for a dict, ``DictConfig``, ``Namespace`` or ``TransformerConfig``;
-    ``_MISSING`` when the key is absent (a present ``None`` is returned as ``None``)."""
+    ``default`` when the key is absent (a present ``None`` is returned as ``None``)."""
     from omegaconf import OmegaConf
 
     if isinstance(cfg, Mapping) or OmegaConf.is_config(cfg):
-        return cfg[key] if key in cfg else _MISSING
+        return cfg[key] if key in cfg else default
     try:
         return getattr(cfg, key)
     except AttributeError:  # TransformerConfig raises it for keys it does not know
-        return _MISSING
+        return default
 
 
 def read_realformer_settings(
@@ -98,132 +165,69 @@ def read_realformer_settings(
 ) -> RealformerSettings:
     """The plugin's settings from a model config of any type fairseq uses (argparse
     ``Namespace``, omegaconf ``DictConfig``, ``TransformerConfig``, plain ``dict``),
-    after the architecture's defaults were applied to it.
+    after the architecture's defaults were applied to it: the one place the flags are read.
 
-    ``model_chains`` are the chains the model has; ``residual_attention: all`` means
-    all of them, naming another one is an error. ``residual_attention`` and
-    ``init_type`` must be present: every architecture sets them, so a config without
-    them did not go through an architecture and is refused rather than read as "off".
-    Raises :class:`RealformerConfigError`.
+    ``model_chains`` are the chains the model has (``("encoder",)`` for the encoder-only
+    model, ``("decoder",)`` for the language model): ``residual_attention: all`` means all
+    of them, naming another one is an error. The required flags must be present: every
+    architecture sets them, so a config without them did not go through an architecture and
+    is refused rather than read as "off". Every combination the model cannot honour raises
+    :class:`RealformerConfigError`, whose message is one line.
     """
     values = {}
-    for key in ("residual_attention", "init_type"):
-        value = config_value(cfg, key)
-        if value is _MISSING or value is None:
+    for flag in FLAGS:
+        value = config_value(cfg, flag.key, None)
+        if flag.required and value is None:
             raise RealformerConfigError(
-                f"the model config has no {key}: the architecture's defaults were not "
+                f"the model config has no {flag.key}: the architecture's defaults were not "
                 "applied (build the model through fairseq's build_model / an --arch, "
-                f"or set {key} explicitly)"
+                f"or set {flag.key} explicitly)"
             )
-        values[key] = value
-    optional = {}
-    for key in ("residual_attention_mode", "admin_profile_out", "admin_allow_pre_ln"):
-        value = config_value(cfg, key)
-        optional[key] = None if value is _MISSING else value
+        values[flag.key] = value
 
     requested = values["residual_attention"]
-    chains = parse_residual_chains(requested)
-    if requested != "all" and chains - set(model_chains):
+    chains = parse_residual_chains(requested, model_chains)
+    if chains - set(model_chains):
         raise RealformerConfigError(
             f"--residual-attention {requested}: {model_name} has only the chain(s) "
             f"{', '.join(model_chains)} (use 'all', 'none' or a comma list of these)"
         )
-    chains &= set(model_chains)
 
-    mode = optional["residual_attention_mode"]
+    mode = values["residual_attention_mode"]
+    if mode is not None and mode not in RESIDUAL_ATTENTION_MODES:
+        raise RealformerConfigError(
+            f"--residual-attention-mode {mode}: use one of {', '.join(RESIDUAL_ATTENTION_MODES)}"
+        )
     if chains and mode is None:
         raise RealformerConfigError(
             f"--residual-attention {requested} needs --residual-attention-mode "
             f"({' or '.join(RESIDUAL_ATTENTION_MODES)}); the architecture did not set it"
         )
-    if mode is not None and mode not in RESIDUAL_ATTENTION_MODES:
+    if mode is not None and not chains:
         raise RealformerConfigError(
-            f"--residual-attention-mode {mode}: use one of {', '.join(RESIDUAL_ATTENTION_MODES)}"
+            f"--residual-attention-mode {mode} needs residual attention on "
+            f"(--residual-attention is '{requested}' for this architecture)"
         )
-    if not chains:
-        mode = None  # validate_realformer_args refuses an explicit mode with no chain
+
     init_type = values["init_type"]
     if init_type not in INIT_TYPES:
         raise RealformerConfigError(f"--init-type {init_type}: use one of {', '.join(INIT_TYPES)}")
+    pre_ln = any(
+        config_value(cfg, f"{stack}_normalize_before", False)
+        for stack in ("encoder", "decoder")
+        if stack in model_chains
+    )
+    if init_type != "default" and pre_ln and not values["admin_allow_pre_ln"]:
+        raise RealformerConfigError(
+            f"--init-type {init_type} is for Post-LN models, but this one is Pre-LN "
+            "(--encoder/decoder-normalize-before); pass --admin-allow-pre-ln to use it anyway"
+        )
+    if values["admin_profile_out"] and init_type != "admin":
+        raise RealformerConfigError("--admin-profile-out needs --init-type admin")
+
     return RealformerSettings(
         residual_chains=frozenset(chains),
         residual_attention_mode=mode,
         init_type=init_type,
-        admin_profile_out=optional["admin_profile_out"] or None,
-        admin_allow_pre_ln=bool(optional["admin_allow_pre_ln"]),
-    )
-
-
-def namespace_of(cfg) -> argparse.Namespace:
-    """A flat ``Namespace`` copy of a legacy model config (``Namespace`` or
-    ``DictConfig``), so that fairseq's ``TransformerConfig.from_namespace`` keeps every
-    key: for a ``DictConfig`` it would keep only its own dataclass fields."""
-    from omegaconf import OmegaConf
-
-    if OmegaConf.is_config(cfg):
-        return argparse.Namespace(**OmegaConf.to_container(cfg, resolve=True))
-    if isinstance(cfg, Mapping):
-        return argparse.Namespace(**cfg)
-    return cfg
-
-
-def check_layers_match_settings(
-    settings: RealformerSettings,
-    chain_attention: Dict[str, Iterable[Optional[nn.Module]]],
-    model: nn.Module,
-    model_name: str = "the model",
-):
-    """Refuse a built model that does not do what ``settings`` asks.
-
-    ``chain_attention`` maps each chain the model has to its attention modules, one
-    per layer (``None`` where a layer has none, e.g. no cross-attention). Every module
-    of a residual chain must be a :class:`RealformerMultiheadAttention` with the
-    requested mode, and no module of another chain may be; every ADMIN residual in
-    ``model`` must have ``admin`` equal to ``settings.admin`` (and there must be some).
-    Raises :class:`RealformerConfigError` naming the first disagreement.
-    """
-    for chain, modules in chain_attention.items():
-        want = settings.residual(chain)
-        for idx, module in enumerate(modules):
-            if module is None:
-                continue
-            got = isinstance(module, RealformerMultiheadAttention)
-            if got != want:
-                raise RealformerConfigError(
-                    f"{model_name} disagrees with its config: chain '{chain}' layer {idx} "
-                    f"has {type(module).__name__}, but residual attention is "
-                    f"{'on' if want else 'off'} for this chain"
-                )
-            if got and module.residual_attention_mode != settings.residual_attention_mode:
-                raise RealformerConfigError(
-                    f"{model_name} disagrees with its config: chain '{chain}' layer {idx} "
-                    f"uses the running {module.residual_attention_mode}, the config asks for "
-                    f"the running {settings.residual_attention_mode}"
-                )
-    residuals = [m for m in model.modules() if isinstance(m, AdminResidual)]
-    if not residuals:
-        raise RealformerConfigError(f"{model_name} has no ADMIN residual modules")
-    for module in residuals:
-        if module.admin != settings.admin:
-            raise RealformerConfigError(
-                f"{model_name} disagrees with its config: an ADMIN residual has "
-                f"admin={module.admin}, but --init-type is {settings.init_type}"
-            )
-    logger.info(built_model_summary(chain_attention, residuals, model_name, settings))
-
-
-def built_model_summary(chain_attention, residuals, model_name, settings) -> str:
-    """One log line counted from the built modules, e.g. ``built --arch realformer_tiny:
-    residual attention layers encoder=2/2 decoder=2/2 cross=2/2 (running mean);
-    ADMIN residuals 10/10 (--init-type admin)``."""
-    counts = []
-    for chain, modules in chain_attention.items():
-        present = [m for m in modules if m is not None]
-        residual = sum(isinstance(m, RealformerMultiheadAttention) for m in present)
-        counts.append(f"{chain}={residual}/{len(present)}")
-    mode = settings.residual_attention_mode
-    return (
-        f"built {model_name}: residual attention layers {' '.join(counts)} "
-        f"({'running ' + mode if mode else 'off'}); ADMIN residuals "
-        f"{sum(m.admin for m in residuals)}/{len(residuals)} (--init-type {settings.init_type})"
+        admin_profile_out=values["admin_profile_out"] or None,
     )

@@ -20,7 +20,9 @@ pip=("$venv/bin/python" -m pip install --disable-pip-version-check -q)
 # torch first, pinned: the 2.13.0 CPU wheel; any later requirement it satisfies
 # installs nothing more (a looser torch request would pull a multi-GB CUDA build).
 "${pip[@]}" "torch==2.13.0"
-"${pip[@]}" -e "$root[test]"
+# test: pytest; plots: matplotlib, for realformer-attention-stats' figures and the studies
+# (the plugin itself does not need it)
+"${pip[@]}" -e "$root[test,plots]"
 # ve-fairseq pulls torchaudio, whose newest wheel (2.11.x) is built against another
 # torch and fails to load its C++ library; nothing here needs audio.
 "$venv/bin/python" -m pip uninstall -y -q torchaudio >/dev/null 2>&1 || true

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Multi30k En-Fr (task 1: train 29000, val 1014, test_2016_flickr 1000 pairs) from the shared data,
 # made ready for fairseq. The one preparation of Multi30k in this project: quickstart.sh,
-# convergence.py, examples/wmt14_en_fr/smoke.sh and the tests all call it.
+# studies/convergence.py, examples/wmt14_en_fr/smoke.sh and the tests all call it.
 #
 # It lower-cases the text (unless --cased), then runs the WMT'14 pipeline's own
 # `examples/wmt14_en_fr/prepare.sh --offline` on it: Moses normalisation + tokenisation -a

@@ -265,8 +265,9 @@ def build_translation_model(
     return ARCH_MODEL_REGISTRY[arch].build_model(args, task), dictionary
 
 
-# dropout off, as build_translation_model overrides
+# dropout off: as build_translation_model overrides, and as fairseq command-line flags
 NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+NO_DROPOUT_FLAGS = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
 
 
 def build_fairseq_tiny_transformer(**overrides):

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from harness import (
+    NO_DROPOUT,
     build_translation_model,
     make_multi30k_subset,
     parse_train_losses,
@@ -18,8 +19,6 @@ from harness import (
 )
 
 from realformer_fairseq.modules.admin import AdminResidual, admin_closed_form_omega
-
-NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
 
 
 def np_var(t):

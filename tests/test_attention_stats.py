@@ -336,7 +336,7 @@ def test_command_writes_json_csv_and_plots(corpus, translation_checkpoint, tmp_p
     for name in result["plots"]:
         data = (out / name).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 2000, name
-    assert not list(out.glob(".tmp-*"))
+    assert not list(out.glob(".*.tmp"))
 
 
 def test_command_encoder_only_and_errors(corpus, mlm_checkpoints, tmp_path, capsys):

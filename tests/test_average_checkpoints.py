@@ -184,7 +184,7 @@ def test_refuses_different_architectures(ckpt_dir, tmp_path):
     proc = average("--inputs", ckpt_dir / "checkpoint4.pt", other, "--output", out)
     assert_one_line_error(proc, other, ckpt_dir / "checkpoint4.pt", "admin_transformer_tiny",
                           "refusing")  # fmt: skip
-    assert not out.exists() and not list(tmp_path.glob(".tmp.*"))
+    assert not out.exists() and not list(tmp_path.glob(".*.tmp"))
 
 
 def test_refuses_different_parameter_shapes_and_names(ckpt_dir, tmp_path):

@@ -13,6 +13,7 @@ Expected structures are written here, not read from the code: ``realformer_tiny`
 """
 
 import argparse
+import copy
 import re
 from pathlib import Path
 
@@ -33,13 +34,10 @@ from harness import (
 from omegaconf import OmegaConf
 
 from realformer_fairseq.errors import RealformerConfigError
+from realformer_fairseq.models.build_checks import check_layers_match_settings
 from realformer_fairseq.modules.admin import AdminResidual
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
-from realformer_fairseq.settings import (
-    RealformerSettings,
-    check_layers_match_settings,
-    read_realformer_settings,
-)
+from realformer_fairseq.settings import RealformerSettings, read_realformer_settings
 
 FAMILIES = ("translation", "masked_lm", "sentence_prediction")
 HYDRA_CONFIG_DIR = REPO_ROOT / "examples" / "hydra"
@@ -218,7 +216,6 @@ def test_console_training_builds_the_requested_model(trained, family, launcher):
             residual_attention_mode=EXPECTED[family][1],
             init_type="admin",
             admin_profile_out=None,
-            admin_allow_pre_ln=False,
         )
     )
     if launcher == "fairseq-hydra-train":
@@ -359,7 +356,6 @@ def test_read_settings_accepts_every_config_type():
         residual_attention_mode="mean",
         init_type="admin-closed-form",
         admin_profile_out=None,
-        admin_allow_pre_ln=False,
     )
     namespace = argparse.Namespace(**values)
     for cfg in (
@@ -421,19 +417,27 @@ def test_built_model_that_disagrees_with_settings_is_refused():
 
 def test_a_build_path_that_drops_a_flag_stops_with_one_error_line(monkeypatch):
     """Simulate a layer that ignores its residual switch: build_model refuses the
-    model (one ``realformer_fairseq: error:`` line) instead of training a baseline."""
+    model (a RealformerConfigError, one ``realformer_fairseq: error:`` line under a fairseq
+    command) instead of training a baseline."""
+    import dataclasses
+
     from realformer_fairseq.models import realformer_transformer
 
     original = realformer_transformer.RealformerEncoderLayer
 
-    def dropping_layer(args, **switches):
-        return original(args, **{**switches, "residual_self_attention": False})
+    def dropping_layer(cfg):
+        dropped = dataclasses.replace(
+            cfg.realformer, residual_chains=cfg.realformer.residual_chains - {"encoder"}
+        )
+        layer_cfg = copy.copy(cfg)
+        layer_cfg.realformer = dropped
+        return original(layer_cfg)
 
     monkeypatch.setattr(realformer_transformer, "RealformerEncoderLayer", dropping_layer)
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(RealformerConfigError) as err:
         make_task("translation").build_model(OmegaConf.create({"_name": "realformer_tiny"}))
     assert str(err.value) == (
-        "realformer_fairseq: error: --arch realformer_tiny disagrees with its config: chain "
+        "--arch realformer_tiny disagrees with its config: chain "
         "'encoder' layer 0 has MultiheadAttention, but residual attention is on for this chain"
     )
 

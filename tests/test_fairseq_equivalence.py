@@ -117,14 +117,21 @@ def beam_orders(bsz: int, beam: int, steps: int, seed: int = 3):
     ]
 
 
-@pytest.mark.parametrize("kind", ["self", "cross"])
+@pytest.mark.parametrize("kind", ["self", "cross", "cross-beam-aware"])
 def test_attention_incremental_steps_with_reordering_equal_fairseq(kind):
-    fairseq_attn, ours = attention_pair(kind)
+    """``cross-beam-aware``: after fairseq's ``set_beam_size``, the beams of a sentence share
+    one copy of its encoder keys (fairseq's ``beam_size`` branch: the key is reduced to one
+    beam per sentence and the products are batched per sentence)."""
+    fairseq_attn, ours = attention_pair("self" if kind == "self" else "cross")
     fairseq_attn.eval()
     ours.eval()
     bsz, beam, steps, src_len = 2, 3, 5, 6
+    if kind == "cross-beam-aware":
+        fairseq_attn.set_beam_size(beam)
+        ours.set_beam_size(beam)
     g = torch.Generator().manual_seed(2)
-    encoder_out = torch.randn(src_len, bsz * beam, EMBED_DIM, generator=g)
+    # every beam of a sentence sees the same encoder output (fairseq expands it)
+    encoder_out = torch.randn(src_len, bsz, EMBED_DIM, generator=g).repeat_interleave(beam, 1)
     encoder_padding = torch.zeros(bsz * beam, src_len, dtype=torch.bool)
     encoder_padding[:beam, :2] = True  # first sentence's source is left-padded
     fairseq_state, our_state = {}, {}
@@ -153,6 +160,9 @@ def test_attention_incremental_steps_with_reordering_equal_fairseq(kind):
             theirs = fairseq_attn._get_input_buffer(fairseq_state)[name]
             mine = ours._get_input_buffer(our_state)[name]
             assert torch.equal(mine, theirs), f"{name} at step {step}"
+            # the beam-aware branch ran: one cached copy per sentence, not per hypothesis
+            cached_rows = bsz if kind == "cross-beam-aware" else bsz * beam
+            assert mine.shape[0] == cached_rows, name
 
 
 def model_pair(variant: str):

@@ -1,27 +1,101 @@
-"""scripts/gpu_check.py --smoke: the GPU check's own code on CPU at toy sizes, so that it cannot
-rot between the rare runs on a lent GPU. Data-bin from ../shared/data/enfr, fp16 fairseq-train
-of the 60L-12L archs (overridden to 2L-2L), speed rows for fp16 and bf16 at two lengths."""
+"""``studies.gpu_check``, the GPU check of RealFormer+ADMIN (He et al. 2020, arXiv 2012.11747;
+Liu et al. 2020, arXiv 2008.07772) in fp16/bf16: what its checks conclude from a fairseq log,
+the exact fairseq-train command of its runs (the smoke sizes reach the model), the refusal
+without CUDA. The ``--smoke`` run (its own code on CPU at toy sizes: data-bin from
+../shared/data/enfr, fp16 fairseq-train, speed rows for fp16 and bf16) is under ``-m slow``, so
+that it cannot rot between the rare runs on a lent GPU (CI runs it)."""
 
 import json
 import math
-import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
-from harness import REPO_ROOT, run
+from fairseq import options
+from harness import run
 
-SCRIPT = REPO_ROOT / "scripts" / "gpu_check.py"
-ROWS = {f"2L-2L d32 {dtype} len{length}" for dtype in ("fp16", "bf16") for length in (8, 16)}
-ARCHS = ("realformer_wmt_en_fr_60_12", "admin_transformer_wmt_en_fr_60_12")
+from studies import gpu_check
 
 
+def train_inner(loss: float) -> str:
+    return f'2026-12-02 | INFO | train_inner | {{"epoch": 1, "loss": "{loss}", "ups": "3.1"}}'
+
+
+ADMIN_LINE = "INFO | realformer_fairseq | ADMIN profiling done on the first training batch: 10 ..."
+OVERFLOW = "INFO | fairseq.trainer | NOTE: gradient overflow detected, ignoring gradient, ..."
+
+
+def test_training_checks_read_the_log_and_the_omega_file(tmp_path):
+    omega = tmp_path / "omega.json"
+    omega.write_text(json.dumps({"omega": {"encoder.0": 1.0, "encoder.1": 1.5}}))
+    log = "\n".join(
+        [ADMIN_LINE, train_inner(9.0), OVERFLOW, train_inner(7.5), OVERFLOW]
+        + [train_inner(x) for x in (6.0, 5.0, 4.0)]
+    )
+    assert gpu_check.check_training(log, omega) == {
+        "admin_line_seen": True,
+        "omega_count": 2,
+        "omega_finite": True,
+        "losses": [9.0, 7.5, 6.0, 5.0, 4.0],
+        "loss_fell": True,  # mean of the last three (5.0) below the first (9.0)
+        "overflow_skips": 2,
+    }
+    # a rising loss, a NaN omega, no ADMIN line
+    omega.write_text(json.dumps({"omega": {"encoder.0": 1.0, "encoder.1": float("nan")}}))
+    bad = gpu_check.check_training("\n".join(train_inner(x) for x in (4.0, 4.5, 6.0, 3.0)), omega)
+    assert (bad["admin_line_seen"], bad["omega_finite"], bad["loss_fell"]) == (False, False, False)
+    missing = gpu_check.check_training(train_inner(4.0), tmp_path / "none.json")
+    assert (missing["omega_count"], missing["omega_finite"], missing["loss_fell"]) == (
+        0,
+        False,
+        False,
+    )
+
+
+@pytest.mark.parametrize("mode", ["full", "smoke"])
+def test_the_training_runs_are_fp16_admin_radam_at_the_stated_sizes(mode):
+    cfg = {"full": gpu_check.FULL, "smoke": gpu_check.SMOKE}[mode]
+    for arch in gpu_check.MODELS_60_12:
+        cmd = gpu_check.train_command(cfg, Path("data-bin"), arch, Path("out"))
+        parser = options.get_training_parser(default_task="translation")
+        args = options.parse_args_and_arch(parser, input_args=[str(c) for c in cmd[1:]])
+        assert (args.arch, args.fp16, args.init_type, args.optimizer) == (
+            arch,
+            True,
+            "admin",
+            "radam",
+        )
+        assert args.admin_profile_out == str(Path("out") / "omega.json")
+        assert (args.max_update, args.max_tokens) == (cfg["max_update"], cfg["max_tokens"])
+        layers = (args.encoder_layers, args.decoder_layers, args.encoder_embed_dim)
+        assert layers == {"full": (60, 12, 512), "smoke": (2, 2, 32)}[mode]
+        assert args.cpu is (mode == "smoke")
+
+
+def test_gpu_check_refuses_full_run_without_cuda(capsys):
+    """Without a GPU the full check stops at once with an argparse error."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here: run the full check instead")
+    with pytest.raises(SystemExit) as err:
+        gpu_check.main([])
+    assert err.value.code == 2
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .splitlines()[-1]
+        .endswith("no CUDA device; use --smoke for the CPU smoke run")
+    )
+
+
+@pytest.mark.slow
 def test_gpu_check_smoke(tmp_path):
     out = tmp_path / "gpu_check.json"
     stdout = run(
-        [sys.executable, SCRIPT, "--smoke", "--out", out, "--work-dir", tmp_path / "work"],
+        [sys.executable, "-m", "studies.gpu_check", "--smoke", "--out", out,
+         "--work-dir", tmp_path / "work"],
         timeout=600,
-    )
+    )  # fmt: skip
     assert "| size, dtype, length |" in stdout and "PASS loss_fell" in stdout
     report = json.loads(out.read_text())
     assert report["smoke"] is True
@@ -32,26 +106,19 @@ def test_gpu_check_smoke(tmp_path):
         "loss_fell": True,
         "overflow_skips_not_above_admin": True,
     }
-    for arch in ARCHS:
+    for arch in gpu_check.MODELS_60_12:
         result = training["runs"][arch]
-        assert result["admin_line_seen"], arch
         assert result["omega_count"] == 10, arch  # 2 encoder x 2 + 2 decoder x 3 sublayers
         assert len(result["losses"]) == 5, arch  # 20 updates, logged every 4
-        assert result["losses"][-1] < result["losses"][0], arch
-    assert set(report["speed"]) == ROWS
+    rows = {f"2L-2L d32 {dtype} len{length}" for dtype in ("fp16", "bf16") for length in (8, 16)}
+    assert set(report["speed"]) == rows
     for name, row in report["speed"].items():
-        for key in ("ratio_train_wps", "ratio_gen_sents_per_s", "ratio_peak_memory"):
-            assert math.isfinite(row[key]) and row[key] > 0, (name, key)
+        assert set(row["ratios"]) == {"realformer/vanilla"}
+        for key, value in row["ratios"]["realformer/vanilla"].items():
+            assert math.isfinite(value) and value > 0, (name, key)
         assert set(row["train_wps"]) == {"vanilla", "realformer"}
-        assert row["peak_memory_bytes"]["realformer"] > row["peak_memory_bytes"]["vanilla"] > 0
-
-
-def test_gpu_check_refuses_full_run_without_cuda():
-    """Without a GPU the full check stops at once with an argparse error."""
-    if torch.cuda.is_available():
-        pytest.skip("CUDA is available here: run the full check instead")
-    proc = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True)
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1].endswith(
-        "no CUDA device; use --smoke for the CPU smoke run"
-    )
+        memory = row["peak_memory_bytes"]
+        assert (
+            row["ratios"]["realformer/vanilla"]["peak_memory"]
+            == memory["realformer"] / memory["vanilla"]
+        )

@@ -4,9 +4,7 @@ fairseq's incremental state and beam reordering equals the full forward."""
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
-from harness import build_translation_model, random_batch
-
-NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
+from harness import NO_DROPOUT, build_translation_model, random_batch
 
 
 @pytest.mark.parametrize(

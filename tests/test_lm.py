@@ -16,13 +16,12 @@ from fairseq.models.transformer_lm import (
 )
 from fairseq.modules import MultiheadAttention
 from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
-from harness import toy_dictionary
+from harness import NO_DROPOUT, toy_dictionary
 
+from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.models.realformer_lm import RealformerLanguageModel, RealformerLMDecoder
 from realformer_fairseq.modules.admin import AdminResidual, admin_closed_form_omega
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
-
-NO_DROPOUT = dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0)
 
 
 def lm_task(dictionary=None, tokens_per_sample=1024):
@@ -360,8 +359,8 @@ def test_1024_tokens_with_padding_give_finite_outputs_and_gradients():
     ],
 )
 def test_bad_flags_are_one_line_errors(arch, overrides, message):
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(RealformerConfigError) as err:
         build_lm(arch, **overrides)
     text = str(err.value)
-    assert text.startswith("realformer_fairseq: error: ") and message in text
+    assert message in text
     assert "\n" not in text

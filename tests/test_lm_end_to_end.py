@@ -15,13 +15,14 @@ from harness import USER_DIR, fairseq_command, parse_train_losses, run, shared_d
 from realformer_fairseq.models.realformer_lm import RealformerLanguageModel
 from realformer_fairseq.modules.admin import AdminResidual
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from studies.text import LM_PUNCTUATION, split_words
 
 N_TRAIN, N_VALID = 1000, 100
 TRAIN_UPDATES = 30
 
 
 def tokenize(line: str) -> str:
-    return " ".join(re.sub(r"([.,!?;:\"()])", r" \1 ", line.lower()).split())
+    return split_words(line, LM_PUNCTUATION)  # as studies.lm_comparison
 
 
 @pytest.fixture(scope="module")

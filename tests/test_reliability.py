@@ -19,8 +19,13 @@ import torch
 
 from realformer_fairseq.checkpoint_compat import fairseq_checkpoint_globals
 from realformer_fairseq.errors import RealformerConfigError
-from realformer_fairseq.modules.realformer_layer import RealformerEncoderLayer, check_chain_heads
+from realformer_fairseq.modules.realformer_layer import (
+    RealformerEncoderLayer,
+    check_chain_heads,
+    realformer_config,
+)
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.settings import read_realformer_settings
 
 ERROR_PREFIX = "realformer_fairseq: error: "
 
@@ -172,8 +177,13 @@ def data_bin(tmp_path_factory):
             ["--arch", "realformer_tiny", "--residual-attention", "encoder,bogus"],
             "unknown chain(s) ['bogus']",
         ),
+        (
+            # used to turn residual attention off without a word (the build line said 0/2)
+            ["--arch", "realformer_tiny", "--residual-attention", ""],
+            "--residual-attention '': no chain named",
+        ),
     ],
-    ids=["admin-with-pre-ln", "mode-without-chain", "unknown-chain"],
+    ids=["admin-with-pre-ln", "mode-without-chain", "unknown-chain", "empty-chain-list"],
 )
 def test_bad_flags_give_one_error_line(data_bin, tmp_path, flags, expected):
     line = run_failing(train_cmd(data_bin, tmp_path / "ckpt", *flags))
@@ -185,7 +195,7 @@ def test_admin_allow_pre_ln_accepts_pre_ln():
     model, _ = build_model("preln_transformer_tiny", init_type="admin", admin_allow_pre_ln=True)
     assert model.admin_init_type == "admin"
     assert model.encoder.layers[0].normalize_before
-    with pytest.raises(SystemExit, match="is for Post-LN models"):
+    with pytest.raises(RealformerConfigError, match="is for Post-LN models"):
         build_model("preln_transformer_tiny", init_type="admin")
 
 
@@ -235,9 +245,9 @@ def test_generate_with_mismatching_overrides_gives_one_error_line(data_bin, real
 def test_load_state_dict_of_other_arch_raises_config_error_in_process():
     realformer, _ = build_model("realformer_tiny")
     postln, _ = build_model("postln_transformer_tiny")
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(RealformerConfigError) as err:
         postln.load_state_dict(realformer.state_dict())
-    assert str(err.value).startswith(ERROR_PREFIX)
+    assert "\n" not in str(err.value)
     assert "--arch realformer_tiny" in str(err.value)
     # a fitting state dict still loads, and the arch travels in its metadata
     other, _ = build_model("realformer_tiny")
@@ -254,10 +264,10 @@ def test_chain_with_different_head_counts_is_refused():
     check_chain_heads(layers, "self_attn", "encoder")  # 2 and 2 heads: fine
     layers.append(
         RealformerEncoderLayer(
-            arch_args("realformer_tiny", encoder_attention_heads=4),
-            residual_self_attention=True,
-            residual_attention_mode="mean",
-            admin=True,
+            realformer_config(
+                arch_args("realformer_tiny", encoder_attention_heads=4),
+                read_realformer_settings(arch_args("realformer_tiny")),
+            )
         )
     )
     with pytest.raises(RealformerConfigError, match=r"chain 'encoder'.*\[2, 2, 4\]"):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from fairseq.models.roberta.model import RobertaModel
 from harness import (
     LANGUAGE_ID_TASK,
 )
@@ -24,9 +25,11 @@ from harness import (
     make_language_id_data,
     make_mlm_data,
     parse_valid_loss,
+    toy_dictionary,
 )
 from harness import train_masked_lm as train_mlm
 
+from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.models.realformer_roberta import (
     RealformerRobertaEncoder,
     RealformerRobertaModel,
@@ -225,10 +228,12 @@ def test_closed_form_admin_omega(mlm_data):
     ],
 )
 def test_bad_flags_are_one_line_errors(mlm_data, arch, extra, message):
-    with pytest.raises(SystemExit) as err:
+    """In Python the build raises the plugin's ValueError subclass with a one-line message
+    (fairseq's console commands print it as one line: tests/test_reliability.py)."""
+    with pytest.raises(RealformerConfigError) as err:
         build_model(mlm_data, arch, *extra)
     text = str(err.value)
-    assert text.startswith("realformer_fairseq: error:") and message in text
+    assert message in text
     assert "\n" not in text
 
 
@@ -349,3 +354,24 @@ def test_mlm_few_hundred_updates_beats_unigram(tmp_path):
     assert losses[-1] <= min(losses) + 0.02, losses  # still improving at the end
     unigram = unigram_entropy_bits(tmp_path / "mlm_raw" / "train.txt", data_bin / "dict.txt")
     assert losses[-1] < unigram, (losses, unigram)
+
+
+def test_build_model_without_arch_builds_as_fairseq_roberta():
+    """fairseq's ``RobertaModel.build_model`` builds from a Namespace that names no arch
+    (its base architecture fills the rest); so does the plugin's, with its family's
+    defaults (residual attention on the encoder, running sum) and the same parameters."""
+    from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
+
+    dictionary = toy_dictionary()
+    dictionary.add_symbol("<mask>")
+    task = MaskedLMTask(MaskedLMConfig(tokens_per_sample=16), dictionary)
+    sizes = dict(encoder_layers=2, encoder_embed_dim=32, encoder_ffn_embed_dim=64)
+    theirs = RobertaModel.build_model(argparse.Namespace(encoder_attention_heads=2, **sizes), task)
+    ours = RealformerRobertaModel.build_model(
+        argparse.Namespace(encoder_attention_heads=2, **sizes), task
+    )
+    layers = ours.encoder.sentence_encoder.layers
+    assert [type(layer.self_attn) for layer in layers] == [RealformerMultiheadAttention] * 2
+    assert layers[1].self_attn.residual_attention_mode == "sum"
+    shapes = {k: v.shape for k, v in ours.state_dict().items() if k != "admin_profiled"}
+    assert shapes == {k: v.shape for k, v in theirs.state_dict().items()}

@@ -16,6 +16,7 @@ import re
 import pytest
 import torch
 from harness import NO_DROPOUT as NAMESPACE_NO_DROPOUT
+from harness import NO_DROPOUT_FLAGS as NO_DROPOUT
 from harness import (
     USER_DIR,
     build_fairseq_tiny_transformer,
@@ -24,6 +25,7 @@ from harness import (
     toy_dictionary,
 )
 
+from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
 
 TINY = ["--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128"]
@@ -34,9 +36,8 @@ FAIRSEQ = ["--arch", "transformer", *TINY, *LAYERS]
 OURS_OFF = ["--arch", "postln_transformer_tiny", *LAYERS]
 # residual attention on (all three chains, running mean), fairseq's init
 OURS_ON = ["--arch", "realformer_tiny", "--init-type", "default", *LAYERS]
-NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--activation-dropout", "0"]
 # the same, as the args Namespace a checkpoint carries (what --model-overrides edits);
-# NAMESPACE_NO_DROPOUT (from harness) is NO_DROPOUT's
+# NAMESPACE_NO_DROPOUT and NO_DROPOUT are harness's
 NAMESPACE_LAYERS = dict(encoder_layers=4, decoder_layers=4, share_all_embeddings=True)
 
 BERT_TINY = ["--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128"]
@@ -197,7 +198,7 @@ def test_mismatch_error_after_pruning_names_the_pruned_keys():
     pruned, _ = build_translation_model(
         "admin_transformer_tiny", **NAMESPACE_LAYERS, **keep
     )  # ADMIN: omega keys the Post-LN checkpoint lacks
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(RealformerConfigError) as err:
         pruned.load_state_dict(full.state_dict(), model_cfg=pruned.args)
     line = str(err.value)
     assert "\n" not in line
@@ -364,10 +365,10 @@ def test_alignment_layer_and_heads_as_in_fairseq(dict_dir):
     ],
 )
 def test_unsupported_flag_is_one_error_line(dict_dir, arch_flags, flags, message):
-    with pytest.raises(SystemExit) as err:
+    with pytest.raises(RealformerConfigError) as err:
         build(dict_dir, *arch_flags, *flags)
     text = str(err.value)
-    assert text.startswith("realformer_fairseq: error: " + message), text
+    assert text.startswith(message), text
     assert "\n" not in text
 
 
@@ -387,18 +388,22 @@ def test_xformers_config_is_refused_on_residual_chains(residual, flag, refused):
     import argparse
 
     from realformer_fairseq.errors import RealformerConfigError
-    from realformer_fairseq.models.supported_flags import refuse_unsupported_flags
+    from realformer_fairseq.models.build_checks import settings_for_build
 
-    args = argparse.Namespace(residual_attention=residual)
+    args = argparse.Namespace(
+        residual_attention=residual, residual_attention_mode="sum", init_type="default"
+    )
     setattr(args, flag[2:].replace("-", "_"), '{"name": "scaled_dot_product"}')
+    chains = ("encoder", "decoder", "cross")
     if refused:
         with pytest.raises(RealformerConfigError, match=re.escape(flag)):
-            refuse_unsupported_flags(args)
+            settings_for_build(args, chains, "the model")
     else:
-        refuse_unsupported_flags(args)
+        settings_for_build(args, chains, "the model")
     # the encoder-only model has no decoder chains
     if flag == "--decoder-xformers-att-config":
-        refuse_unsupported_flags(args, chains_used=("encoder",))
+        args.residual_attention = "all"
+        settings_for_build(args, ("encoder",), "the model")
 
 
 @pytest.mark.parametrize("side", ["encoder", "decoder"])
@@ -408,11 +413,18 @@ def test_layers_to_keep_as_a_hydra_list_is_refused(side):
     from omegaconf import OmegaConf
 
     from realformer_fairseq.errors import RealformerConfigError
-    from realformer_fairseq.models.supported_flags import refuse_unsupported_flags
+    from realformer_fairseq.models.build_checks import settings_for_build
 
-    cfg = OmegaConf.create({f"{side}_layers_to_keep": [0, 2], "residual_attention": "all"})
+    cfg = OmegaConf.create(
+        {
+            f"{side}_layers_to_keep": [0, 2],
+            "residual_attention": "all",
+            "residual_attention_mode": "mean",
+            "init_type": "admin",
+        }
+    )
     with pytest.raises(RealformerConfigError, match=f"^--{side}-layers-to-keep as a list"):
-        refuse_unsupported_flags(cfg)
+        settings_for_build(cfg, ("encoder", "decoder", "cross"), "the model")
 
 
 def test_layers_to_keep_on_the_command_line_crashes_fairseq_transformer(dict_dir):
@@ -431,13 +443,11 @@ def test_layers_to_keep_of_one_side_is_refused_as_fairseq_drops_the_other_side()
     with pytest.raises(RuntimeError, match=r"Missing key\(s\)[^\n]*decoder\.layers\.0\."):
         vanilla.load_state_dict(full.state_dict(), model_cfg=vanilla.args)
     for side, other in (("encoder", "decoder"), ("decoder", "encoder")):
-        with pytest.raises(SystemExit) as err:
+        with pytest.raises(RealformerConfigError) as err:
             build_translation_model(
                 "postln_transformer_tiny", **NAMESPACE_LAYERS, **{f"{side}_layers_to_keep": "0,2"}
             )
-        assert str(err.value).startswith(
-            f"realformer_fairseq: error: {side}_layers_to_keep without {other}_layers_to_keep"
-        )
+        assert str(err.value).startswith(f"{side}_layers_to_keep without {other}_layers_to_keep")
 
 
 # ------------------------------------------- residual attention on: the effect
@@ -873,3 +883,46 @@ def test_incremental_decoding_with_the_flag_equals_the_full_forward(overrides):
             for t in range(tgt.size(1))
         ]
     torch.testing.assert_close(torch.stack(steps, dim=1), full, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("flag", ["--scale-attn", "--scale-fc", "--scale-heads", "--scale-resids"])
+@pytest.mark.parametrize("arch", ["realformer_lm_tiny", "postln_transformer_lm_tiny"])
+def test_normformer_flags_are_refused_on_the_language_model(dict_dir, arch, flag):
+    """fairseq 0.12.3's NormFormer flags (transformer_lm only) add LayerNorms and scales in
+    the decoder layer's forward, which the plugin re-owns without them."""
+    with pytest.raises(RealformerConfigError) as err:
+        build(dict_dir, "--arch", arch, flag, task="language_modeling")
+    assert str(err.value).startswith(f"{flag} (NormFormer) is not supported"), str(err.value)
+    fairseq_model, _ = build(
+        dict_dir,
+        "--arch",
+        "transformer_lm",
+        "--decoder-layers",
+        "1",
+        flag,
+        task="language_modeling",
+    )  # the flag builds in fairseq's own model
+    assert fairseq_model is not None
+
+
+def test_multilingual_translation_task_is_refused_with_one_line():
+    """fairseq's multilingual_translation task needs a FairseqMultiModel; fairseq itself ends
+    in a ValueError traceback after building the model."""
+    import argparse
+
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    from fairseq.tasks.multilingual_translation import MultilingualTranslationTask
+
+    dictionary = toy_dictionary()
+    args = argparse.Namespace(
+        lang_pairs="en-fr",
+        source_lang=None,
+        target_lang=None,
+        encoder_langtok=None,
+        decoder_langtok=False,
+        arch="realformer_tiny",
+        _name="realformer_tiny",
+    )
+    task = MultilingualTranslationTask(args, {"en": dictionary, "fr": dictionary}, True)
+    with pytest.raises(RealformerConfigError, match="^--task multilingual_translation needs"):
+        ARCH_MODEL_REGISTRY["realformer_tiny"].build_model(args, task)

@@ -19,24 +19,32 @@ parallel target lines are teacher-forced through the decoder (chains ``decoder``
 self-attention, and ``cross``, encoder-decoder attention).
 
 Writes ``attention_stats.json`` (summary per layer and head), ``attention_stats.csv``
-(one row per chain, layer and head) and PNG plots per chain: violin plots of the
-per-token values by layer and layer x head heatmaps of their means.
+(one row per chain, layer and head) and PNG plots per chain (``attention_plots``: violin
+plots of the per-token values by layer and layer x head heatmaps of their means; they need
+matplotlib, the ``plots`` extra; ``--no-plots`` writes JSON and CSV only).
+
+Why this lives in the plugin and not in ``studies/``: it is a user-facing console command
+(``realformer-attention-stats``) that reads any checkpoint of the plugin's or fairseq's
+models and needs only the plugin's own dependencies (numpy, torch, fairseq); the studies call
+it as a subprocess. Only its figures need the extra, and the plugin never imports matplotlib.
 """
 
 import argparse
 import contextlib
 import csv
-import json
 import logging
 import math
 import os
 import sys
-import tempfile
 from collections import OrderedDict
 from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+
+from ..atomic_files import atomic_output, write_json_atomic
+from ..errors import RealformerConfigError
+from . import attention_plots
 
 logger = logging.getLogger("realformer_fairseq.cli.attention_stats")
 
@@ -375,45 +383,14 @@ def analyse(
 # output (each file written to a temporary name, then renamed)
 
 
-@contextlib.contextmanager
-def _atomic_path(path: str) -> Iterator[str]:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    os.close(fd)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp creates files private to the owner
-    try:
-        yield tmp
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-
-
-def write_json(path: str, obj):
-    with _atomic_path(path) as tmp:
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=1)
-            fh.write("\n")
-
-
 CSV_FIELDS = (
-    "chain",
-    "layer",
-    "head",
-    "num_queries",
-    "entropy_mean",
-    "entropy_median",
-    "entropy_std",
-    "js_mean",
-    "js_median",
-    "js_std",
-)
+    "chain", "layer", "head", "num_queries",
+    "entropy_mean", "entropy_median", "entropy_std", "js_mean", "js_median", "js_std",
+)  # fmt: skip
 
 
 def write_csv(path: str, summaries: Dict[str, dict]):
-    with _atomic_path(path) as tmp:
+    with atomic_output(path) as tmp:
         with open(tmp, "w", encoding="utf-8", newline="") as fh:
             writer = csv.writer(fh)
             writer.writerow(CSV_FIELDS)
@@ -427,70 +404,6 @@ def write_csv(path: str, summaries: Dict[str, dict]):
                                 v = d[key][layer]
                                 row.append("" if v is None else f"{v[head]:.6f}")
                         writer.writerow(row)
-
-
-def _subsample(values: np.ndarray, limit: int, rng: np.random.Generator) -> np.ndarray:
-    values = values.reshape(-1)
-    if limit and values.size > limit:
-        values = rng.choice(values, size=limit, replace=False)
-    return values
-
-
-def write_plots(out_dir: str, stats: Dict[str, ChainStats], max_points: int) -> List[str]:
-    """Violin plots (per-token values by layer, heads pooled) and layer x head
-    heatmaps of the means, per chain and metric. Returns the file names."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    written = []
-    rng = np.random.default_rng(0)
-    labels = {"entropy": "attention entropy (nats)", "js": "JS divergence to layer l-1 (nats)"}
-    for name, chain in stats.items():
-        for metric in ("entropy", "js"):
-            layers = [l for l in range(chain.num_layers) if chain.values(metric, l).shape[1] > 0]
-            if not layers:
-                continue  # one-layer chain: no JS divergence
-            data = [_subsample(chain.values(metric, l), max_points, rng) for l in layers]
-            fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * len(layers) + 2), 3.5))
-            ax.violinplot(data, positions=layers, showmedians=True, widths=0.8)
-            ax.set_xticks(layers)
-            ax.set_xlabel("layer")
-            ax.set_ylabel(labels[metric])
-            ax.set_title(f"{name} attention: {metric} per layer")
-            fig.tight_layout()
-            written.append(_save_fig(fig, os.path.join(out_dir, f"{name}_{metric}_violin.png")))
-            plt.close(fig)
-
-            means = np.full((chain.num_layers, chain.num_heads), np.nan)
-            for l in layers:
-                means[l] = chain.values(metric, l).astype(np.float64).mean(axis=1)
-            fig, ax = plt.subplots(
-                figsize=(
-                    max(3.5, 0.5 * chain.num_heads + 2),
-                    max(3.0, 0.35 * chain.num_layers + 1.5),
-                )
-            )
-            im = ax.imshow(
-                np.ma.masked_invalid(means), aspect="auto", origin="lower", cmap="viridis"
-            )
-            fig.colorbar(im, ax=ax, label=f"mean {labels[metric]}")
-            ax.set_xlabel("head")
-            ax.set_ylabel("layer")
-            ax.set_xticks(range(chain.num_heads))
-            ax.set_yticks(range(chain.num_layers))
-            ax.set_title(f"{name} attention: mean {metric}")
-            fig.tight_layout()
-            written.append(_save_fig(fig, os.path.join(out_dir, f"{name}_{metric}_heatmap.png")))
-            plt.close(fig)
-    return written
-
-
-def _save_fig(fig, path: str) -> str:
-    with _atomic_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=100)
-    return os.path.basename(path)
 
 
 # ---------------------------------------------------------------------------
@@ -534,12 +447,16 @@ def get_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="violin plots draw at most N random per-token values per layer (0: all)",
     )
-    parser.add_argument("--no-plots", action="store_true", help="write JSON and CSV only")
+    parser.add_argument(
+        "--no-plots", action="store_true", help="write JSON and CSV only (no matplotlib needed)"
+    )
     parser.add_argument("--cpu", action="store_true", help="run on CPU even if CUDA is available")
     return parser
 
 
 def main(args) -> dict:
+    if not args.no_plots:
+        attention_plots.pyplot()  # a missing extra stops here, before any work
     if args.batch_size < 1:
         raise AttentionStatsError(f"--batch-size must be >= 1, got {args.batch_size}")
     source = read_lines(args.input, "--input")
@@ -579,7 +496,9 @@ def main(args) -> dict:
         )
 
     os.makedirs(args.out_dir, exist_ok=True)
-    plots = [] if args.no_plots else write_plots(args.out_dir, stats, args.max_plot_points)
+    plots = []
+    if not args.no_plots:
+        plots = attention_plots.write_plots(args.out_dir, stats, args.max_plot_points)
     result = {
         "checkpoint": os.path.abspath(args.path),
         "input": os.path.abspath(args.input),
@@ -593,7 +512,7 @@ def main(args) -> dict:
         "chains": summaries,
         "plots": plots,
     }
-    write_json(os.path.join(args.out_dir, "attention_stats.json"), result)
+    write_json_atomic(os.path.join(args.out_dir, "attention_stats.json"), result)
     write_csv(os.path.join(args.out_dir, "attention_stats.csv"), summaries)
     logger.info(
         "wrote attention_stats.json, attention_stats.csv and %d plots to %s",
@@ -616,7 +535,7 @@ def cli_main(argv: Optional[Sequence[str]] = None):
     args = parser.parse_args(argv)
     try:
         main(args)
-    except AttentionStatsError as err:
+    except (AttentionStatsError, attention_plots.PlotsUnavailable, RealformerConfigError) as err:
         parser.exit(2, f"{PROG}: error: {err}\n")
 
 

@@ -28,10 +28,11 @@ import logging
 import os
 import re
 import sys
-import tempfile
 from typing import Dict, List, Optional, Sequence
 
 import torch
+
+from ..atomic_files import atomic_output
 
 logger = logging.getLogger("realformer_fairseq.average_checkpoints")
 
@@ -110,11 +111,9 @@ def load_checkpoint(path: str) -> dict:
     from realformer_fairseq.checkpoint_compat import fairseq_checkpoint_globals
 
     try:
-        if hasattr(torch.serialization, "safe_globals"):
-            with torch.serialization.safe_globals(fairseq_checkpoint_globals()):
-                state = torch.load(path, map_location="cpu", weights_only=True)
-        else:  # torch < 2.5
-            state = torch.load(path, map_location="cpu")
+        # torch >= 2.5 (setup.py): safe_globals exists, the restricted unpickler always runs
+        with torch.serialization.safe_globals(fairseq_checkpoint_globals()):
+            state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # noqa: BLE001 - any unpickling failure is bad input
         first_line = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise AverageError(f"{path}: cannot be read as a fairseq checkpoint ({first_line})")
@@ -233,15 +232,8 @@ def average_checkpoints(inputs: Sequence[str], output: str) -> dict:
     new_state["model"] = average_states(inputs, states)
     new_state["averaged_checkpoints"] = [os.path.abspath(p) for p in inputs]
 
-    fd, tmp = tempfile.mkstemp(prefix=".tmp.", suffix=".pt", dir=out_dir)
-    os.close(fd)
-    try:
+    with atomic_output(output) as tmp:
         torch.save(new_state, tmp)
-        os.replace(tmp, output)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        raise
     logger.info(f"averaged {len(inputs)} checkpoints into {output}")
     return new_state
 

@@ -35,6 +35,8 @@ from fairseq.models.roberta.model import base_architecture as roberta_base_archi
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
 from fairseq.models.transformer_lm import base_lm_architecture, transformer_lm_gpt2_small
 
+from ..settings import FLAG_KEYS
+
 
 @dataclasses.dataclass(frozen=True)
 class SameAs:
@@ -87,7 +89,9 @@ FAMILIES: Dict[str, Family] = {
     "realformer_transformer": Family(
         base={
             "residual_attention": "all",
-            "residual_attention_mode": "mean",  # the paper's NMT setting
+            # Google's realformer.py: the running mean "is found to be helpful for deep
+            # RealFormer models with 30+ layers" (the 60L-12L); its own default is the sum
+            "residual_attention_mode": "mean",
             "init_type": "admin",
             "admin_profile_out": None,
             "admin_allow_pre_ln": False,
@@ -211,14 +215,6 @@ FAMILIES: Dict[str, Family] = {
     ),
 }
 
-PLUGIN_FLAGS = (
-    "residual_attention",
-    "residual_attention_mode",
-    "init_type",
-    "admin_profile_out",
-    "admin_allow_pre_ln",
-)
-
 
 def set_defaults(args, defaults: Dict[str, Any]):
     """Set each key that ``args`` (Namespace or DictConfig) does not have or has as None."""
@@ -263,7 +259,7 @@ def family_base_architecture(family_name: str, size: Optional[str] = None) -> Ca
             mode=family.base["residual_attention_mode"],
             init_type=family.base["init_type"],
         )
-        set_defaults(args, {k: v for k, v in family.base.items() if k not in PLUGIN_FLAGS})
+        set_defaults(args, {k: v for k, v in family.base.items() if k not in FLAG_KEYS})
         fairseq_base(args)
 
     architecture.__name__ = f"{family_name}_base_architecture"

@@ -7,7 +7,7 @@ from typing import Optional
 from fairseq import utils
 from fairseq.checkpoint_utils import prune_state_dict
 
-from ..errors import RealformerConfigError, exit_on_config_error
+from ..errors import RealformerConfigError, one_line_under_fairseq_commands
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ class ArchCheckedLoadMixin:
     def register_arch_check(self):
         self._register_state_dict_hook(_record_arch)
 
-    @exit_on_config_error
+    @one_line_under_fairseq_commands
     def load_state_dict(self, state_dict, strict=True, model_cfg=None, args=None):
         """fairseq's ``load_state_dict``; a checkpoint of another architecture is
         one error line naming both archs, instead of torch's key list under

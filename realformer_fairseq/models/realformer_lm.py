@@ -31,7 +31,9 @@ fairseq init; ``preln_transformer_lm*``: Pre-LN, fairseq init (= fairseq's
 """
 
 import logging
+from typing import Dict, Optional
 
+import torch
 from fairseq import options, utils
 from fairseq.models import register_model
 from fairseq.models.transformer_lm import (
@@ -41,53 +43,68 @@ from fairseq.models.transformer_lm import (
 )
 from fairseq.modules import AdaptiveInput, CharacterTokenEmbedder
 from omegaconf import OmegaConf
+from torch import Tensor
 
-from ..errors import exit_on_config_error
+from ..errors import one_line_under_fairseq_commands
 from ..modules.admin import AdminProfilingMixin
-from ..modules.realformer_layer import every_layer
-from ..settings import RealformerSettings, check_layers_match_settings, namespace_of
+from ..modules.dropout_names import RetainDropoutNamesMixin
+from ..modules.realformer_layer import (
+    RealformerTransformerConfig,
+    every_layer,
+    realformer_config,
+    settings_of,
+)
+from ..settings import add_realformer_args
 from .architectures import (
     FAMILIES,
     register_family_architectures,
     register_family_base_architecture,
 )
+from .build_checks import arch_label, check_layers_match_settings, settings_for_build
 from .checkpoint_guard import ArchCheckedLoadMixin
-from .realformer_transformer import (
-    RealformerTransformerDecoder,
-    add_realformer_args,
-    arch_label,
-    read_and_validate_realformer_args,
-)
+from .realformer_transformer import RealformerTransformerDecoder
 
 logger = logging.getLogger(__name__)
 
 DECODER_ONLY_CHAINS = ("decoder",)
+CHARACTER_EMBEDDER_FIELDS = (
+    "character_filters",
+    "character_embedding_dim",
+    "char_embedder_highway_layers",
+)
 
 
 class RealformerLMDecoder(RealformerTransformerDecoder):
     """The RealFormer decoder (decoder self-attention chain, ADMIN residuals)
-    without cross-attention, for language models. The plugin's settings are passed
-    explicitly (read once by ``build_model``), so the layers do not depend on which
-    keys fairseq's ``TransformerConfig`` conversion keeps."""
+    without cross-attention, for language models; ``cfg`` carries the plugin's settings
+    (read once by ``build_model``)."""
 
-    def __init__(self, args, dictionary, embed_tokens, settings: RealformerSettings):
-        super().__init__(args, dictionary, embed_tokens, settings=settings, no_encoder_attn=True)
+    def __init__(self, cfg: RealformerTransformerConfig, dictionary, embed_tokens):
+        super().__init__(cfg, dictionary, embed_tokens, no_encoder_attn=True)
 
 
 @register_model("realformer_lm")
-class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, TransformerLanguageModel):
+class RealformerLanguageModel(
+    RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, TransformerLanguageModel
+):
     """fairseq's :class:`TransformerLanguageModel` with RealFormer residual
     attention in its causal self-attention chain and optional ADMIN init.
 
     Registered without a dataclass (as fairseq's legacy ``transformer``), so that the
     ``--arch`` functions set the sizes under fairseq-train and fairseq-hydra-train alike
     (a dataclass would fill every size with ``transformer_lm``'s defaults first).
+
+    Unlike fairseq 0.12.3's ``transformer_lm``, it compiles with TorchScript (``forward``
+    spells out the decoder's arguments; fairseq's ``supported_targets`` property, a set, is
+    left out of the scripted model).
     """
+
+    __jit_unused_properties__ = ["supported_targets"]
 
     def __init__(self, args, decoder):
         super().__init__(decoder)
         self.args = args
-        settings = decoder.realformer_settings
+        settings = settings_of(decoder.cfg)
         self.register_admin_state(
             settings.init_type,
             settings.admin_profile_out,
@@ -123,7 +140,7 @@ class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, Transfo
         add_realformer_args(parser)
 
     @classmethod
-    @exit_on_config_error
+    @one_line_under_fairseq_commands
     def build_model(cls, args, task):
         """Mirrors fairseq 0.12.3 ``TransformerLanguageModel.build_model``, which
         hard-codes ``TransformerDecoder``; this one applies the defaults, reads the
@@ -132,9 +149,14 @@ class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, Transfo
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
         realformer_lm_base_architecture(args)
-        settings = read_and_validate_realformer_args(
-            args, model_chains=DECODER_ONLY_CHAINS, model_name="this decoder-only language model"
-        )
+        # fairseq's transformer_lm takes these from its dataclass; base_lm_architecture (what
+        # this model without a dataclass has) leaves them unset: --character-embeddings crashed
+        for name in CHARACTER_EMBEDDER_FIELDS:
+            if utils.safe_getattr(args, name, None) is None:
+                setattr(
+                    args, name, TransformerLanguageModelConfig.__dataclass_fields__[name].default
+                )
+        settings = settings_for_build(args, DECODER_ONLY_CHAINS, "this decoder-only language model")
 
         if args.decoder_layers_to_keep:
             args.decoder_layers = len(args.decoder_layers_to_keep.split(","))
@@ -180,9 +202,8 @@ class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, Transfo
             )
             assert args.decoder_input_dim == args.decoder_output_dim
 
-        # fairseq's TransformerConfig.from_namespace keeps every key only from a Namespace
         decoder = RealformerLMDecoder(
-            namespace_of(args), task.target_dictionary, embed_tokens, settings
+            realformer_config(args, settings), task.target_dictionary, embed_tokens
         )
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, True)
@@ -191,14 +212,42 @@ class RealformerLanguageModel(ArchCheckedLoadMixin, AdminProfilingMixin, Transfo
             settings,
             {"decoder": [layer.self_attn for layer in every_layer(decoder.layers)]},
             model,
-            model_name=arch_label(args),
+            model_name=arch_label(args, "realformer_lm"),
         )
         return model
 
-    def forward(self, src_tokens, **kwargs):
-        if self.needs_admin_profiling():
-            self.admin_profile(src_tokens, **kwargs)
-        return super().forward(src_tokens, **kwargs)
+    def forward(
+        self,
+        src_tokens,
+        src_lengths: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        features_only: bool = False,
+        full_context_alignment: bool = False,
+        alignment_layer: Optional[int] = None,
+        alignment_heads: Optional[int] = None,
+        return_all_hiddens: bool = False,
+    ):
+        """fairseq 0.12.3's ``FairseqLanguageModel.forward`` (``self.decoder(src_tokens,
+        **kwargs)``) with the decoder's keyword arguments spelled out, so that TorchScript
+        compiles it (fairseq's own ``transformer_lm`` does not script: ``**kwargs``), and
+        with ADMIN profiling on the first training batch first."""
+        if not torch.jit.is_scripting():
+            self.profile_admin_if_needed(
+                src_tokens,
+                src_lengths=src_lengths,
+                features_only=features_only,
+                return_all_hiddens=return_all_hiddens,
+            )
+        return self.decoder(
+            src_tokens,
+            incremental_state=incremental_state,
+            features_only=features_only,
+            full_context_alignment=full_context_alignment,
+            alignment_layer=alignment_layer,
+            alignment_heads=alignment_heads,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
+        )
 
 
 # Architectures: every default is in models/architectures.py (FAMILIES["realformer_lm"]).

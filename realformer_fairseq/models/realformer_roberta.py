@@ -23,23 +23,27 @@ baseline, as fairseq's ``roberta_prenorm``) at the paper's Table 1 sizes (``tiny
 
 import logging
 
+import torch
 from fairseq import utils
 from fairseq.models import register_model
 from fairseq.models.roberta.model import RobertaEncoder, RobertaModel
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
+from omegaconf import OmegaConf
 
-from ..errors import exit_on_config_error
+from ..errors import one_line_under_fairseq_commands
 from ..modules.admin import AdminProfilingMixin
-from ..modules.realformer_layer import every_layer
-from ..settings import RealformerSettings, check_layers_match_settings
-from .architectures import register_family_architectures, register_family_base_architecture
-from .checkpoint_guard import ArchCheckedLoadMixin
-from .realformer_transformer import (
-    RealformerTransformerEncoder,
-    add_realformer_args,
-    arch_label,
-    read_and_validate_realformer_args,
+from ..modules.dropout_names import RetainDropoutNamesMixin
+from ..modules.realformer_layer import (
+    RealformerTransformerConfig,
+    every_layer,
+    realformer_config,
+    settings_of,
 )
+from ..settings import add_realformer_args
+from .architectures import register_family_architectures, register_family_base_architecture
+from .build_checks import arch_label, check_layers_match_settings, settings_for_build
+from .checkpoint_guard import ArchCheckedLoadMixin
+from .realformer_transformer import RealformerTransformerEncoder
 
 logger = logging.getLogger(__name__)
 
@@ -48,30 +52,35 @@ ENCODER_ONLY_CHAINS = ("encoder",)
 
 class RealformerRobertaEncoder(RobertaEncoder):
     """fairseq's :class:`RobertaEncoder` whose sentence encoder is a
-    :class:`RealformerTransformerEncoder` (residual attention, ADMIN residuals),
-    built with the explicit ``settings``."""
+    :class:`RealformerTransformerEncoder` (residual attention, ADMIN residuals).
 
-    def __init__(self, args, dictionary, settings: RealformerSettings):
-        self.realformer_settings = settings  # read by build_encoder
-        super().__init__(args, dictionary)
+    ``cfg`` is a :class:`RealformerTransformerConfig` (the model config with every key, plus
+    the plugin's settings), which fairseq's ``__init__`` hands to ``build_encoder``."""
+
+    def __init__(self, cfg: RealformerTransformerConfig, dictionary):
+        settings_of(cfg)  # refuse a config without the plugin's settings, before building
+        super().__init__(cfg, dictionary)
 
     def build_encoder(self, args, dictionary, embed_tokens):
-        encoder = RealformerTransformerEncoder(
-            args, dictionary, embed_tokens, settings=self.realformer_settings
-        )
+        encoder = RealformerTransformerEncoder(args, dictionary, embed_tokens)
         encoder.apply(init_bert_params)
         return encoder
 
 
 @register_model("realformer_roberta")
-class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel):
+class RealformerRobertaModel(
+    RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel
+):
     """fairseq's :class:`RobertaModel` with RealFormer residual attention in its
     encoder and optional ADMIN initialisation (profiled on the first training
-    batch of ``masked_lm`` or ``sentence_prediction``, or closed form)."""
+    batch of ``masked_lm`` or ``sentence_prediction``, or closed form).
+
+    Like fairseq 0.12.3's ``RobertaModel``, it does not compile with TorchScript (its
+    ``forward`` takes ``**kwargs``)."""
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)
-        settings = encoder.realformer_settings
+        settings = settings_of(encoder.args)
         self.register_admin_state(
             settings.init_type,
             settings.admin_profile_out,
@@ -85,27 +94,26 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
         add_realformer_args(parser)
 
     @classmethod
-    @exit_on_config_error
+    @one_line_under_fairseq_commands
     def build_model(cls, args, task):
         """Mirrors fairseq 0.12.3 ``RobertaModel.build_model``, which hard-codes
-        ``RobertaEncoder``; this one builds a :class:`RealformerRobertaEncoder`
-        after the plugin's start-up checks."""
-        from omegaconf import OmegaConf
-
+        ``RobertaEncoder``; this one reads the plugin's settings once, builds a
+        :class:`RealformerRobertaEncoder` with them and refuses a model that does not match
+        them."""
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
 
         realformer_roberta_base_architecture(args)
-        settings = read_and_validate_realformer_args(
-            args, model_chains=ENCODER_ONLY_CHAINS, model_name="this encoder-only model"
-        )
+        settings = settings_for_build(args, ENCODER_ONLY_CHAINS, "this encoder-only model")
 
         if not utils.safe_hasattr(args, "max_positions"):
             if not utils.safe_hasattr(args, "tokens_per_sample"):
                 args.tokens_per_sample = task.max_positions()
             args.max_positions = args.tokens_per_sample
 
-        encoder = RealformerRobertaEncoder(args, task.source_dictionary, settings)
+        encoder = RealformerRobertaEncoder(
+            realformer_config(args, settings), task.source_dictionary
+        )
 
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, True)
@@ -116,7 +124,7 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
             settings,
             {"encoder": [layer.self_attn for layer in every_layer(layers)]},
             model,
-            model_name=arch_label(args),
+            model_name=arch_label(args, "realformer_roberta"),
         )
         return model
 
@@ -147,8 +155,8 @@ class RealformerRobertaModel(ArchCheckedLoadMixin, AdminProfilingMixin, RobertaM
         classification_head_name=None,
         **kwargs,
     ):
-        if self.needs_admin_profiling():
-            self.admin_profile(
+        if not torch.jit.is_scripting():
+            self.profile_admin_if_needed(
                 src_tokens,
                 features_only=features_only,
                 return_all_hiddens=return_all_hiddens,

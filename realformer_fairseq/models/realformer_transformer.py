@@ -10,45 +10,34 @@ decoder self-attention (``decoder``) and decoder cross-attention (``cross``).
 
 import contextlib
 import logging
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import torch
 from fairseq import utils
 from fairseq.distributed import fsdp_wrap
 from fairseq.models import register_model
-from fairseq.models.transformer import (
-    TransformerConfig,
-    TransformerDecoder,
-    TransformerEncoder,
-    TransformerModel,
-)
+from fairseq.models.transformer import TransformerDecoder, TransformerEncoder, TransformerModel
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from omegaconf import OmegaConf, open_dict
 from torch import Tensor
 
-from ..errors import RealformerConfigError, exit_on_config_error
-from ..modules.admin import INIT_TYPES, AdminProfilingMixin
+from ..errors import one_line_under_fairseq_commands
+from ..modules.admin import AdminProfilingMixin
+from ..modules.dropout_names import RetainDropoutNamesMixin
 from ..modules.realformer_layer import (
     RealformerDecoderLayer,
     RealformerEncoderLayer,
+    RealformerTransformerConfig,
     check_chain_heads,
     every_layer,
-    parse_residual_chains,
+    realformer_config,
+    settings_of,
 )
-from ..modules.residual_attention import RESIDUAL_ATTENTION_MODES
-from ..settings import (
-    RealformerSettings,
-    check_layers_match_settings,
-    namespace_of,
-    read_realformer_settings,
-)
-from .architectures import (  # noqa: F401 (realformer_flag_defaults: re-exported)
-    realformer_flag_defaults,
-    register_family_architectures,
-    register_family_base_architecture,
-)
+from ..settings import RESIDUAL_CHAINS, add_realformer_args
+from .architectures import register_family_architectures, register_family_base_architecture
+from .build_checks import arch_label, check_layers_match_settings, settings_for_build
 from .checkpoint_guard import ArchCheckedLoadMixin
-from .supported_flags import refuse_unsupported_flags
+from .supported_flags import refuse_unsupported_task
 
 logger = logging.getLogger(__name__)
 
@@ -71,25 +60,16 @@ class RealformerTransformerEncoder(TransformerEncoder):
     """fairseq :class:`TransformerEncoder` whose layer loop threads the
     encoder self-attention score stream.
 
-    ``settings`` (the plugin's flags, read once by the model's ``build_model``) is
-    explicit: fairseq converts ``args`` to a ``TransformerConfig`` before the layers
-    are built, which drops the plugin's keys when ``args`` is a ``DictConfig``."""
+    ``cfg`` is a :class:`RealformerTransformerConfig` (fairseq's config plus the plugin's
+    settings, made by the model's ``build_model`` with ``realformer_config``)."""
 
-    def __init__(self, args, dictionary, embed_tokens, settings: RealformerSettings):
-        # read by build_encoder_layer, which fairseq's __init__ calls
-        self.realformer_settings = settings
-        super().__init__(args, dictionary, embed_tokens)
+    def __init__(self, cfg: RealformerTransformerConfig, dictionary, embed_tokens):
+        settings_of(cfg)  # refuse a config without the plugin's settings, before building
+        super().__init__(cfg, dictionary, embed_tokens)
         check_chain_heads(self.layers, "self_attn", "encoder")
 
-    def build_encoder_layer(self, args):
-        settings = self.realformer_settings
-        layer = RealformerEncoderLayer(
-            args,
-            residual_self_attention=settings.residual("encoder"),
-            residual_attention_mode=settings.residual_attention_mode,
-            admin=settings.admin,
-        )
-        return _wrap_layer(layer, args)
+    def build_encoder_layer(self, cfg):
+        return _wrap_layer(RealformerEncoderLayer(cfg), cfg)
 
     def forward_scriptable(
         self,
@@ -152,16 +132,15 @@ class RealformerTransformerDecoder(TransformerDecoder):
 
     def __init__(
         self,
-        args,
+        cfg: RealformerTransformerConfig,
         dictionary,
         embed_tokens,
-        settings: RealformerSettings,
         no_encoder_attn=False,
         output_projection=None,
     ):
-        self.realformer_settings = settings  # read by build_decoder_layer
+        settings_of(cfg)  # refuse a config without the plugin's settings, before building
         super().__init__(
-            args,
+            cfg,
             dictionary,
             embed_tokens,
             no_encoder_attn=no_encoder_attn,
@@ -170,17 +149,8 @@ class RealformerTransformerDecoder(TransformerDecoder):
         check_chain_heads(self.layers, "self_attn", "decoder")
         check_chain_heads(self.layers, "encoder_attn", "cross")
 
-    def build_decoder_layer(self, args, no_encoder_attn=False):
-        settings = self.realformer_settings
-        layer = RealformerDecoderLayer(
-            args,
-            no_encoder_attn,
-            residual_self_attention=settings.residual("decoder"),
-            residual_cross_attention=settings.residual("cross"),
-            residual_attention_mode=settings.residual_attention_mode,
-            admin=settings.admin,
-        )
-        return _wrap_layer(layer, args)
+    def build_decoder_layer(self, cfg, no_encoder_attn=False):
+        return _wrap_layer(RealformerDecoderLayer(cfg, no_encoder_attn), cfg)
 
     def extract_features_scriptable(
         self,
@@ -269,101 +239,16 @@ class RealformerTransformerDecoder(TransformerDecoder):
         return x, {"attn": [attn], "inner_states": inner_states}
 
 
-def _settings_of(cfg) -> RealformerSettings:
-    settings = getattr(cfg, "realformer_settings", None)
-    if not isinstance(settings, RealformerSettings):
-        raise RealformerConfigError(
-            "build realformer_transformer models with RealformerTransformerModel.build_model "
-            "(or fairseq's task.build_model), which reads the plugin's settings"
-        )
-    return settings
-
-
-def add_realformer_args(parser):
-    """The flags this plugin adds to every model it registers."""
-    parser.add_argument(
-        "--residual-attention",
-        metavar="CHAINS",
-        help="residual attention (RealFormer) chains: 'all', 'none' or a comma list of "
-        "encoder (encoder self-attn), decoder (decoder self-attn), cross (encoder-decoder attn)",
-    )
-    parser.add_argument(
-        "--residual-attention-mode",
-        choices=RESIDUAL_ATTENTION_MODES,
-        help="sum: softmax over the running sum of scores; mean: over the running "
-        "mean (the stream passed on stays the sum; the paper's NMT setting)",
-    )
-    parser.add_argument(
-        "--init-type",
-        choices=INIT_TYPES,
-        help="default: fairseq's init; admin: ADMIN omega profiled on the first "
-        "training batch; admin-closed-form: admin-torch's data-free omega",
-    )
-    parser.add_argument(
-        "--admin-profile-out",
-        metavar="FILE",
-        help="with --init-type admin: write the profiled omega to this JSON file",
-    )
-    parser.add_argument(
-        "--admin-allow-pre-ln",
-        action="store_true",
-        help="allow --init-type admin* with Pre-LN (ADMIN is meant for Post-LN)",
-    )
-
-
-def validate_realformer_args(args, chains_used=("encoder", "decoder", "cross")):
-    """Start-up checks of the plugin's flags; raises RealformerConfigError."""
-    chains = parse_residual_chains(utils.safe_getattr(args, "residual_attention", "none"))
-    chains &= set(chains_used)
-    mode = utils.safe_getattr(args, "residual_attention_mode", None)
-    if mode is not None and not chains:
-        raise RealformerConfigError(
-            f"--residual-attention-mode {mode} needs residual attention on "
-            "(--residual-attention is 'none' for this architecture)"
-        )
-    init_type = utils.safe_getattr(args, "init_type", "default")
-    pre_ln = utils.safe_getattr(args, "encoder_normalize_before", False) or (
-        "decoder" in chains_used and utils.safe_getattr(args, "decoder_normalize_before", False)
-    )
-    if (
-        init_type != "default"
-        and pre_ln
-        and not utils.safe_getattr(args, "admin_allow_pre_ln", False)
-    ):
-        raise RealformerConfigError(
-            f"--init-type {init_type} is for Post-LN models, but this one is Pre-LN "
-            "(--encoder/decoder-normalize-before); pass --admin-allow-pre-ln to use it anyway"
-        )
-    if utils.safe_getattr(args, "admin_profile_out", None) and init_type != "admin":
-        raise RealformerConfigError("--admin-profile-out needs --init-type admin")
-    refuse_unsupported_flags(args, chains_used)
-
-
-def read_and_validate_realformer_args(
-    args, model_chains: Sequence[str], model_name: str
-) -> RealformerSettings:
-    """The settings of a model with only the chains ``model_chains`` (the encoder-only
-    and decoder-only models): :func:`read_realformer_settings` (which refuses a chain
-    the model lacks, naming it ``model_name``), then :func:`validate_realformer_args`."""
-    settings = read_realformer_settings(args, model_chains=model_chains, model_name=model_name)
-    validate_realformer_args(args, chains_used=model_chains)
-    return settings
-
-
-def arch_label(args) -> str:
-    """``--arch NAME`` for the built-model check's messages: ``args.arch``, or the
-    ``_name`` of a hydra model config."""
-    return f"--arch {utils.safe_getattr(args, 'arch', None) or args._name}"
-
-
 @register_model("realformer_transformer")
-class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, TransformerModel):
+class RealformerTransformerModel(
+    RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, TransformerModel
+):
     """fairseq's :class:`TransformerModel` with RealFormer residual attention
     (per chain) and ADMIN initialisation."""
 
     def __init__(self, args, encoder, decoder):
         super().__init__(args, encoder, decoder)
-        settings = encoder.realformer_settings
+        settings = settings_of(encoder.cfg)
         self.register_admin_state(
             settings.init_type,
             settings.admin_profile_out,
@@ -377,7 +262,7 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
         add_realformer_args(parser)
 
     @classmethod
-    @exit_on_config_error
+    @one_line_under_fairseq_commands
     def build_model(cls, args, task):
         """fairseq's ``build_model`` for ``args`` of any type (argparse ``Namespace``
         from ``fairseq-train``, ``DictConfig`` from ``fairseq-hydra-train``, checkpoints
@@ -385,12 +270,10 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
         build, and refuse a model that does not match them."""
         with open_dict(args) if OmegaConf.is_config(args) else contextlib.nullcontext():
             realformer_base_architecture(args)
-        validate_realformer_args(args)
-        settings = read_realformer_settings(args)
-        # fairseq's TransformerConfig.from_namespace keeps non-field keys only from a
-        # Namespace; the settings travel on the config to build_encoder/build_decoder
-        cfg = TransformerConfig.from_namespace(namespace_of(args))
-        cfg.realformer_settings = settings
+        model_name = arch_label(args, "realformer_transformer")
+        refuse_unsupported_task(task)
+        settings = settings_for_build(args, RESIDUAL_CHAINS, model_name)
+        cfg = realformer_config(args, settings)
         if utils.safe_getattr(cfg, "arch", None) is None:  # hydra: model._name is the arch
             cfg.arch = utils.safe_getattr(args, "_name", None)
         model = super().build_model(cfg, task)
@@ -402,7 +285,7 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
                 "cross": [layer.encoder_attn for layer in every_layer(model.decoder.layers)],
             },
             model,
-            model_name=f"--arch {cfg.arch}",
+            model_name=model_name,
         )
         return model
 
@@ -421,16 +304,12 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
 
     @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
-        return RealformerTransformerEncoder(cfg, src_dict, embed_tokens, settings=_settings_of(cfg))
+        return RealformerTransformerEncoder(cfg, src_dict, embed_tokens)
 
     @classmethod
     def build_decoder(cls, cfg, tgt_dict, embed_tokens):
         return RealformerTransformerDecoder(
-            cfg,
-            tgt_dict,
-            embed_tokens,
-            settings=_settings_of(cfg),
-            no_encoder_attn=cfg.no_cross_attention,
+            cfg, tgt_dict, embed_tokens, no_encoder_attn=cfg.no_cross_attention
         )
 
     def forward(
@@ -443,17 +322,23 @@ class RealformerTransformerModel(ArchCheckedLoadMixin, AdminProfilingMixin, Tran
         alignment_layer: Optional[int] = None,
         alignment_heads: Optional[int] = None,
     ):
-        if self.needs_admin_profiling():
-            self.admin_profile(src_tokens, src_lengths, prev_output_tokens)
-        return super().forward(
-            src_tokens,
-            src_lengths,
+        """Mirrors fairseq 0.12.3 ``TransformerModelBase.forward`` (TorchScript compiles no
+        ``super()`` call), with ADMIN profiling on the first training batch first."""
+        if not torch.jit.is_scripting():
+            self.profile_admin_if_needed(src_tokens, src_lengths, prev_output_tokens)
+        encoder_out = self.encoder(
+            src_tokens, src_lengths=src_lengths, return_all_hiddens=return_all_hiddens
+        )
+        decoder_out = self.decoder(
             prev_output_tokens,
-            return_all_hiddens=return_all_hiddens,
+            encoder_out=encoder_out,
             features_only=features_only,
             alignment_layer=alignment_layer,
             alignment_heads=alignment_heads,
+            src_lengths=src_lengths,
+            return_all_hiddens=return_all_hiddens,
         )
+        return decoder_out
 
 
 # Architectures: every default is in models/architectures.py (FAMILIES).

@@ -12,16 +12,28 @@ from fairseq import utils
 from omegaconf import ListConfig
 
 from ..errors import RealformerConfigError
-from ..modules.realformer_layer import parse_residual_chains
+from ..settings import RealformerSettings
+
+# fairseq 0.12.3's NormFormer flags (Shleifer et al. 2021), read by its decoder layer only
+NORMFORMER_FLAGS = ("scale_attn", "scale_fc", "scale_heads", "scale_resids")
 
 
-def refuse_unsupported_flags(args, chains_used=("encoder", "decoder", "cross")):
-    """Raise RealformerConfigError for a flag the model would not carry out.
+def refuse_unsupported_flags(args, settings: RealformerSettings, model_chains):
+    """Raise RealformerConfigError for a fairseq flag the model would not carry out.
 
-    ``chains_used``: the score chains the model has (``("encoder",)`` for the
-    encoder-only model, whose decoder flags fairseq ignores anyway).
+    ``settings``: the plugin's settings read from ``args``; ``model_chains``: the score
+    chains the model has (``("encoder",)`` for the encoder-only model, whose decoder flags
+    fairseq ignores anyway).
     """
-    has_decoder = "decoder" in chains_used
+    has_decoder = "decoder" in model_chains
+    if has_decoder:
+        for flag in NORMFORMER_FLAGS:
+            if utils.safe_getattr(args, flag, False):
+                raise RealformerConfigError(
+                    f"--{flag.replace('_', '-')} (NormFormer) is not supported: the RealFormer "
+                    "decoder layer re-owns fairseq's layer forward without NormFormer's extra "
+                    "LayerNorms and scales"
+                )
     for side in ("encoder", "decoder"):
         keep = utils.safe_getattr(args, f"{side}_layers_to_keep", None)
         if isinstance(keep, (list, tuple, ListConfig)):
@@ -68,8 +80,7 @@ def refuse_unsupported_flags(args, chains_used=("encoder", "decoder", "cross")):
             "embeddings, which the translation transformer never builds (fairseq's "
             "transformer fails here too)"
         )
-    chains = parse_residual_chains(utils.safe_getattr(args, "residual_attention", "none"))
-    chains &= set(chains_used)
+    chains = settings.residual_chains
     # fairseq's layers give --encoder-xformers-att-config to the encoder self-attention
     # and the decoder cross-attention, --decoder-xformers-att-config to the decoder
     # self-attention
@@ -80,3 +91,15 @@ def refuse_unsupported_flags(args, chains_used=("encoder", "decoder", "cross")):
                 f"({', '.join(sorted(chains & side_chains))}): the residual attention "
                 "computes its scores itself"
             )
+
+
+def refuse_unsupported_task(task):
+    """Raise RealformerConfigError for a fairseq task the translation model cannot serve."""
+    from fairseq.tasks.multilingual_translation import MultilingualTranslationTask
+
+    if isinstance(task, MultilingualTranslationTask):
+        raise RealformerConfigError(
+            "--task multilingual_translation needs a FairseqMultiModel (one encoder-decoder "
+            "per language pair, fairseq's multilingual_transformer); the plugin's "
+            "realformer_transformer is a single encoder-decoder model"
+        )

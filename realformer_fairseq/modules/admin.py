@@ -33,9 +33,9 @@ import torch.distributed as dist
 from fairseq.modules import LayerDropModuleList
 from torch import Tensor, nn
 
-logger = logging.getLogger(__name__)
+from ..settings import INIT_TYPES
 
-INIT_TYPES = ("default", "admin", "admin-closed-form")
+logger = logging.getLogger(__name__)
 
 
 def admin_closed_form_omega(num_residual_layers: int) -> float:
@@ -76,8 +76,11 @@ class AdminResidual(nn.Module):
     """``residual * omega + x`` (ADMIN) or ``residual + x`` (``admin=False``).
 
     With ``admin=False`` it has no parameters and computes exactly fairseq's
-    ``residual_connection``.
+    ``residual_connection``. ``admin`` is a TorchScript constant: a scripted residual
+    compiles only its own branch (profiling is never scripted: ``profiler`` is None then).
     """
+
+    __constants__ = ["admin"]
 
     def __init__(self, embed_dim: int, admin: bool, chain: str):
         super().__init__()
@@ -164,8 +167,8 @@ class AdminProfilingMixin:
     """For models with ADMIN residuals: profile omega on the first training
     forward (dropout on, no gradient), unless the state dict says it was done.
 
-    The model calls ``register_admin_state`` in ``__init__`` and, in ``forward``,
-    ``if self.needs_admin_profiling(): self.admin_profile(<forward args>)``.
+    The model calls ``register_admin_state`` in ``__init__`` and, first in ``forward``,
+    ``if not torch.jit.is_scripting(): self.profile_admin_if_needed(<forward args>)``.
     """
 
     admin_init_type: str = "default"
@@ -189,6 +192,13 @@ class AdminProfilingMixin:
         if init_type == "admin-closed-form":
             set_closed_form_omega(self, num_residual_layers)
             self.admin_profiled.fill_(1)
+
+    @torch.jit.unused
+    def profile_admin_if_needed(self, *args, **kwargs):
+        """At the start of the model's ``forward`` (outside TorchScript): profile on this
+        batch if this is the first training forward of an ``--init-type admin`` model."""
+        if self.needs_admin_profiling():
+            self.admin_profile(*args, **kwargs)
 
     def needs_admin_profiling(self) -> bool:
         return (
@@ -219,11 +229,8 @@ class AdminProfilingMixin:
             ", ".join(f"{v:.3f}" for v in omegas.values()),
         )
         if self.admin_profile_out and (not dist.is_initialized() or dist.get_rank() == 0):
-            import json
-            import os
+            from ..atomic_files import write_json_atomic
 
-            tmp = f"{self.admin_profile_out}.tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"omega": omegas, "profiling_order": profiler.trace}, fh, indent=1)
-            os.replace(tmp, self.admin_profile_out)
+            trace = {"omega": omegas, "profiling_order": profiler.trace}
+            write_json_atomic(self.admin_profile_out, trace)
         return omegas

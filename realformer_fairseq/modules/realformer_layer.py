@@ -3,76 +3,96 @@
 He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747);
 Liu et al., "Understanding the Difficulty of Training Transformers" (arXiv 2004.08249).
 
-A layer takes ``prev_attn_scores`` for each of its attention chains and returns
-its own ``attn_scores`` (``None`` where the chain is off). Where a chain is off,
+A layer takes ``prev_attn_scores`` for each of its attention chains and returns its own
+``attn_scores`` (``None`` where the chain is off) next to its output: the streams are
+explicit arguments and returns, so that fairseq's activation checkpointing and FSDP
+wrappers (which wrap ``forward``) recompute them with the layer. Where a chain is off,
 the attention module is fairseq's own ``MultiheadAttention`` (fused path and all).
+
+Layers are built from a :class:`RealformerTransformerConfig`: fairseq's
+``TransformerConfig`` with the plugin's :class:`~realformer_fairseq.settings.RealformerSettings`
+as a declared field, which fairseq's build hooks (``build_self_attention``,
+``build_encoder_attention``, called from fairseq's ``__init__``) read. The forwards are
+TorchScript-compatible: which branch a layer takes is a constant of the built layer.
 """
 
-from typing import Dict, List, Optional, Tuple
+import argparse
+import dataclasses
+from typing import Dict, List, Mapping, Optional, Tuple
 
 import torch
-from fairseq import utils
 from fairseq.models.transformer import TransformerConfig
 from fairseq.modules import TransformerDecoderLayer, TransformerEncoderLayer
 from torch import Tensor
 
 from ..errors import RealformerConfigError
-from ..settings import RESIDUAL_CHAINS, parse_residual_chains  # noqa: F401 (re-exported)
+from ..settings import RealformerSettings
 from .admin import AdminResidual
 from .residual_attention import RealformerMultiheadAttention
 
 
-class RealformerSublayers:
-    """The sublayer blocks shared by the encoder and decoder layers (fairseq
-    0.12.3's order: [pre-LN] -> block -> dropout -> residual -> [post-LN])."""
+@dataclasses.dataclass
+class RealformerTransformerConfig(TransformerConfig):
+    """fairseq's ``TransformerConfig`` plus the plugin's settings (set by the model's
+    ``build_model`` from :func:`~realformer_fairseq.settings.read_realformer_settings`)."""
 
-    def build_residual_attention(self, embed_dim, num_heads, cfg, **kwargs):
-        return RealformerMultiheadAttention(
-            embed_dim,
-            num_heads,
-            residual_attention_mode=self.residual_attention_mode,
-            dropout=cfg.attention_dropout,
-            q_noise=self.quant_noise,
-            qn_block_size=self.quant_noise_block_size,
-            **kwargs,
+    realformer: Optional[RealformerSettings] = None
+
+
+def namespace_of(cfg) -> argparse.Namespace:
+    """A flat ``Namespace`` copy of a legacy model config (``Namespace`` or ``DictConfig``),
+    so that fairseq's ``TransformerConfig.from_namespace`` keeps every key: for a
+    ``DictConfig`` it would keep only its own dataclass fields."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(cfg):
+        return argparse.Namespace(**OmegaConf.to_container(cfg, resolve=True))
+    if isinstance(cfg, Mapping):
+        return argparse.Namespace(**cfg)
+    return cfg
+
+
+def realformer_config(args, settings: RealformerSettings) -> RealformerTransformerConfig:
+    """The layers' config of a model config ``args`` (``Namespace``, ``DictConfig`` or a
+    ``TransformerConfig``; every key kept) with the model's ``settings``."""
+    if isinstance(args, RealformerTransformerConfig):
+        cfg = args
+    else:
+        cfg = RealformerTransformerConfig.from_namespace(namespace_of(args))
+    cfg.realformer = settings
+    return cfg
+
+
+def settings_of(cfg) -> RealformerSettings:
+    """The settings a layer or stack is built with; refuses a config that has none."""
+    settings = getattr(cfg, "realformer", None)
+    if not isinstance(settings, RealformerSettings):
+        raise RealformerConfigError(
+            "RealFormer layers are built from a RealformerTransformerConfig with the plugin's "
+            "settings: build the model with its build_model (or fairseq's task.build_model)"
         )
+    return settings
 
-    def attention_sublayer(
-        self,
-        x: Tensor,
-        attention,
-        layer_norm,
-        residual_connection,
-        prev_attn_scores: Optional[Tensor],
-        layer_idx: int,
-        memory: Optional[Tensor] = None,
+
+def build_residual_attention(layer, embed_dim, num_heads, cfg, **kwargs):
+    """A :class:`RealformerMultiheadAttention` with the arguments fairseq 0.12.3's layers give
+    their ``MultiheadAttention`` (dropout, quant noise)."""
+    return RealformerMultiheadAttention(
+        embed_dim,
+        num_heads,
+        residual_attention_mode=settings_of(cfg).residual_attention_mode,
+        dropout=cfg.attention_dropout,
+        q_noise=layer.quant_noise,
+        qn_block_size=layer.quant_noise_block_size,
         **kwargs,
-    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
-        """Attend to ``memory`` (the encoder output), or to ``x`` itself when it
-        is None. Returns ``(x, attn_weights, attn_scores)``; ``attn_scores`` is
-        None where ``attention`` is fairseq's own module (chain off)."""
-        residual = x
-        if self.normalize_before:
-            x = layer_norm(x)
-        kv = x if memory is None else memory
-        if isinstance(attention, RealformerMultiheadAttention):
-            x, attn_weights, attn_scores = attention(
-                query=x,
-                key=kv,
-                value=kv,
-                prev_attn_scores=prev_attn_scores,
-                layer_idx=layer_idx,
-                **kwargs,
-            )
-        else:
-            (x, attn_weights), attn_scores = attention(query=x, key=kv, value=kv, **kwargs), None
-        x = self.dropout_module(x)
-        x = residual_connection(x, residual)
-        if not self.normalize_before:
-            x = layer_norm(x)
-        return x, attn_weights, attn_scores
+    )
 
-    def ffn_sublayer(self, x: Tensor) -> Tensor:
+
+class FeedForwardSublayer:
+    """The feed-forward block of fairseq 0.12.3's layers ([pre-LN] -> fc1 -> activation ->
+    dropout -> fc2 -> dropout -> residual -> [post-LN]) with the layer's ADMIN residual."""
+
+    def feed_forward_sublayer(self, x: Tensor) -> Tensor:
         residual = x
         if self.normalize_before:
             x = self.final_layer_norm(x)
@@ -86,33 +106,24 @@ class RealformerSublayers:
         return x
 
 
-class RealformerEncoderLayer(RealformerSublayers, TransformerEncoderLayer):
-    """Encoder layer with a residual self-attention chain (``"encoder"``) and
-    ADMIN residuals, built on fairseq's :class:`TransformerEncoderLayer`."""
+class RealformerEncoderLayer(FeedForwardSublayer, TransformerEncoderLayer):
+    """fairseq's :class:`TransformerEncoderLayer` with a residual self-attention chain
+    (``"encoder"``) and ADMIN residuals."""
 
-    def __init__(
-        self,
-        args,
-        *,
-        residual_self_attention: bool,
-        residual_attention_mode: Optional[str],
-        admin: bool,
-    ):
-        """``args``: fairseq's layer config; the plugin's switches are explicit
-        (the encoder passes them from its :class:`RealformerSettings`)."""
-        # read by build_self_attention, which fairseq's __init__ calls
-        self.residual_self_attention = residual_self_attention
-        self.residual_attention_mode = residual_attention_mode
-        super().__init__(args)
-        self.self_attn_residual = AdminResidual(self.embed_dim, admin, chain="encoder")
-        self.ffn_residual = AdminResidual(self.embed_dim, admin, chain="encoder")
+    __constants__ = ["residual_self_attention"]
 
-    def build_self_attention(self, embed_dim, args):
-        if not self.residual_self_attention:
-            return super().build_self_attention(embed_dim, args)
-        cfg = TransformerConfig.from_namespace(args)
-        return self.build_residual_attention(
-            embed_dim, cfg.encoder.attention_heads, cfg, self_attention=True
+    def __init__(self, cfg: RealformerTransformerConfig):
+        settings = settings_of(cfg)
+        super().__init__(cfg)
+        self.residual_self_attention = isinstance(self.self_attn, RealformerMultiheadAttention)
+        self.self_attn_residual = AdminResidual(self.embed_dim, settings.admin, chain="encoder")
+        self.ffn_residual = AdminResidual(self.embed_dim, settings.admin, chain="encoder")
+
+    def build_self_attention(self, embed_dim, cfg):
+        if not settings_of(cfg).residual("encoder"):
+            return super().build_self_attention(embed_dim, cfg)
+        return build_residual_attention(
+            self, embed_dim, cfg.encoder.attention_heads, cfg, self_attention=True
         )
 
     def forward(
@@ -123,8 +134,8 @@ class RealformerEncoderLayer(RealformerSublayers, TransformerEncoderLayer):
         prev_attn_scores: Optional[Tensor] = None,
         layer_idx: int = 0,
     ) -> Tuple[Tensor, Optional[Tensor]]:
-        """Mirrors fairseq 0.12.3 ``TransformerEncoderLayerBase.forward`` with the
-        score stream and ADMIN residuals added.
+        """Mirrors fairseq 0.12.3 ``TransformerEncoderLayerBase.forward`` with the score
+        stream and ADMIN residuals added (``return_fc`` is not supported).
 
         Args:
             x: (seq_len, bsz, embed_dim)
@@ -137,71 +148,72 @@ class RealformerEncoderLayer(RealformerSublayers, TransformerEncoderLayer):
             attn_mask = attn_mask.masked_fill(
                 attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
             )
-        x, _, attn_scores = self.attention_sublayer(
-            x,
-            self.self_attn,
-            self.self_attn_layer_norm,
-            self.self_attn_residual,
-            prev_attn_scores,
-            layer_idx,
-            key_padding_mask=encoder_padding_mask,
-            need_weights=False,
-            attn_mask=attn_mask,
-        )
-        return self.ffn_sublayer(x), attn_scores
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        attn_scores: Optional[Tensor] = None  # (bsz*heads, seq_len, seq_len)
+        if self.residual_self_attention:
+            x, _, attn_scores = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=encoder_padding_mask,
+                need_weights=False,
+                attn_mask=attn_mask,
+                prev_attn_scores=prev_attn_scores,
+                layer_idx=layer_idx,
+            )
+        else:
+            x, _ = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=encoder_padding_mask,
+                need_weights=False,
+                attn_mask=attn_mask,
+            )
+        x = self.dropout_module(x)
+        x = self.self_attn_residual(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        return self.feed_forward_sublayer(x), attn_scores
 
 
-class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
-    """Decoder layer with residual self-attention (``"decoder"``) and
-    cross-attention (``"cross"``) chains and ADMIN residuals."""
+class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
+    """fairseq's :class:`TransformerDecoderLayer` with residual self-attention
+    (``"decoder"``) and cross-attention (``"cross"``) chains and ADMIN residuals."""
+
+    __constants__ = ["residual_self_attention", "residual_cross_attention"]
 
     def __init__(
         self,
-        args,
+        cfg: RealformerTransformerConfig,
         no_encoder_attn=False,
         add_bias_kv=False,
         add_zero_attn=False,
-        *,
-        residual_self_attention: bool,
-        residual_cross_attention: bool,
-        residual_attention_mode: Optional[str],
-        admin: bool,
     ):
-        """``args`` and the first three: as fairseq's layer; the plugin's switches
-        are explicit (the decoder passes them from its :class:`RealformerSettings`)."""
-        self.residual_self_attention = residual_self_attention
-        self.residual_cross_attention = residual_cross_attention
-        self.residual_attention_mode = residual_attention_mode
-        for flag in (
-            "cross_self_attention",
-            "scale_attn",
-            "scale_heads",
-            "scale_fc",
-            "scale_resids",
-        ):
-            if utils.safe_getattr(args, flag, False):
-                raise RealformerConfigError(
-                    f"realformer decoder layers do not support --{flag.replace('_', '-')}"
-                )
+        settings = settings_of(cfg)
         super().__init__(
-            args,
+            cfg,
             no_encoder_attn=no_encoder_attn,
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
         )
-        self.self_attn_residual = AdminResidual(self.embed_dim, admin, chain="decoder")
+        self.residual_self_attention = isinstance(self.self_attn, RealformerMultiheadAttention)
+        self.residual_cross_attention = isinstance(self.encoder_attn, RealformerMultiheadAttention)
+        self.self_attn_residual = AdminResidual(self.embed_dim, settings.admin, chain="decoder")
         self.encoder_attn_residual = (
-            AdminResidual(self.embed_dim, admin, chain="decoder")
+            AdminResidual(self.embed_dim, settings.admin, chain="decoder")
             if self.encoder_attn is not None
             else None
         )
-        self.ffn_residual = AdminResidual(self.embed_dim, admin, chain="decoder")
+        self.ffn_residual = AdminResidual(self.embed_dim, settings.admin, chain="decoder")
 
-    def build_self_attention(self, embed_dim, args, add_bias_kv=False, add_zero_attn=False):
-        if not self.residual_self_attention:
-            return super().build_self_attention(embed_dim, args, add_bias_kv, add_zero_attn)
-        cfg = TransformerConfig.from_namespace(args)
-        return self.build_residual_attention(
+    def build_self_attention(self, embed_dim, cfg, add_bias_kv=False, add_zero_attn=False):
+        if not settings_of(cfg).residual("decoder"):
+            return super().build_self_attention(embed_dim, cfg, add_bias_kv, add_zero_attn)
+        return build_residual_attention(
+            self,
             embed_dim,
             cfg.decoder.attention_heads,
             cfg,
@@ -210,11 +222,11 @@ class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
             self_attention=True,
         )
 
-    def build_encoder_attention(self, embed_dim, args):
-        if not self.residual_cross_attention:
-            return super().build_encoder_attention(embed_dim, args)
-        cfg = TransformerConfig.from_namespace(args)
-        return self.build_residual_attention(
+    def build_encoder_attention(self, embed_dim, cfg):
+        if not settings_of(cfg).residual("cross"):
+            return super().build_encoder_attention(embed_dim, cfg)
+        return build_residual_attention(
+            self,
             embed_dim,
             cfg.decoder.attention_heads,
             cfg,
@@ -238,8 +250,8 @@ class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
         layer_idx: int = 0,
     ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
         """Mirrors fairseq 0.12.3 ``TransformerDecoderLayerBase.forward`` (without
-        cross-self-attention, NormFormer scaling, ONNX export and
-        ``prev_self_attn_state``) with both score streams and ADMIN residuals.
+        cross-self-attention, NormFormer scaling, ONNX export and ``prev_self_attn_state``,
+        which the model refuses at start-up) with both score streams and ADMIN residuals.
 
         Args:
             x: (tgt_len, bsz, embed_dim); tgt_len is 1 when decoding incrementally
@@ -252,36 +264,77 @@ class RealformerDecoderLayer(RealformerSublayers, TransformerDecoderLayer):
         """
         if need_head_weights:
             need_attn = True
-        x, _, self_attn_scores = self.attention_sublayer(
-            x,
-            self.self_attn,
-            self.self_attn_layer_norm,
-            self.self_attn_residual,
-            prev_self_attn_scores,
-            layer_idx,
-            key_padding_mask=self_attn_padding_mask,
-            incremental_state=incremental_state,
-            need_weights=False,
-            attn_mask=self_attn_mask,
-        )
-        attn: Optional[Tensor] = None
-        cross_attn_scores: Optional[Tensor] = None
-        if self.encoder_attn is not None and encoder_out is not None:
-            x, attn, cross_attn_scores = self.attention_sublayer(
-                x,
-                self.encoder_attn,
-                self.encoder_attn_layer_norm,
-                self.encoder_attn_residual,
-                prev_cross_attn_scores,
-                layer_idx,
-                memory=encoder_out,
-                key_padding_mask=encoder_padding_mask,
+
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        self_attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, tgt_len)
+        if self.residual_self_attention:
+            x, _, self_attn_scores = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=self_attn_padding_mask,
                 incremental_state=incremental_state,
-                static_kv=True,
-                need_weights=need_attn or (not self.training and self.need_attn),
-                need_head_weights=need_head_weights,
+                need_weights=False,
+                attn_mask=self_attn_mask,
+                prev_attn_scores=prev_self_attn_scores,
+                layer_idx=layer_idx,
             )
-        return self.ffn_sublayer(x), attn, self_attn_scores, cross_attn_scores
+        else:
+            x, _ = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=self_attn_padding_mask,
+                incremental_state=incremental_state,
+                need_weights=False,
+                attn_mask=self_attn_mask,
+            )
+        x = self.dropout_module(x)
+        x = self.self_attn_residual(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+
+        attn: Optional[Tensor] = None
+        cross_attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, src_len)
+        if self.encoder_attn is not None and encoder_out is not None:
+            residual = x
+            if self.normalize_before:
+                assert self.encoder_attn_layer_norm is not None
+                x = self.encoder_attn_layer_norm(x)
+            need_weights = need_attn or (not self.training and self.need_attn)
+            if self.residual_cross_attention:
+                x, attn, cross_attn_scores = self.encoder_attn(
+                    query=x,
+                    key=encoder_out,
+                    value=encoder_out,
+                    key_padding_mask=encoder_padding_mask,
+                    incremental_state=incremental_state,
+                    static_kv=True,
+                    need_weights=need_weights,
+                    need_head_weights=need_head_weights,
+                    prev_attn_scores=prev_cross_attn_scores,
+                    layer_idx=layer_idx,
+                )
+            else:
+                x, attn = self.encoder_attn(
+                    query=x,
+                    key=encoder_out,
+                    value=encoder_out,
+                    key_padding_mask=encoder_padding_mask,
+                    incremental_state=incremental_state,
+                    static_kv=True,
+                    need_weights=need_weights,
+                    need_head_weights=need_head_weights,
+                )
+            x = self.dropout_module(x)
+            assert self.encoder_attn_residual is not None
+            x = self.encoder_attn_residual(x, residual)
+            if not self.normalize_before:
+                assert self.encoder_attn_layer_norm is not None
+                x = self.encoder_attn_layer_norm(x)
+        return self.feed_forward_sublayer(x), attn, self_attn_scores, cross_attn_scores
 
 
 def every_layer(layers: torch.nn.ModuleList) -> List[torch.nn.Module]:

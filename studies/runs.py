@@ -1,26 +1,26 @@
-"""What the study drivers in scripts/ share: fairseq subprocesses with their logs, atomic
-writes, fairseq's json log lines, seed mean and spread, resume by ``result.json``, common
-arguments, Markdown tables and plots of validation curves.
+"""What the training studies share: fairseq subprocesses with their logs, JSON results (written
+atomically), fairseq's json log lines, resume by ``result.json``, common arguments, and the
+report of a study.
 
-The drivers (convergence.py, lm_comparison.py, paper_checks.py, benchmark_lm.py,
-benchmark_speed.py) check He et al., "RealFormer: Transformer Likes Residual Attention"
-(arXiv 2012.11747) and Liu et al., "Understanding the Difficulty of Training Transformers"
-(arXiv 2004.08249).
+The drivers (``studies.convergence``, ``studies.lm_comparison``, ``studies.paper_checks``) check
+He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747) and Liu et al.,
+"Understanding the Difficulty of Training Transformers" (arXiv 2004.08249). Seed means and
+tables are in ``studies.tables``, plots in ``studies.plots``.
 """
 
 import argparse
 import json
 import logging
-import math
 import os
 import re
-import statistics
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
+
+from realformer_fairseq.atomic_files import atomic_output, write_json_atomic, write_text_atomic
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA = Path(
@@ -56,15 +56,16 @@ def user_dir() -> str:
 
 def run(cmd: Sequence, log_file: Path, threads: int = 1) -> str:
     """Run a command with its output in ``log_file``; raise StudyError on failure."""
+    # PYTHONPATH: a study run as ``python -m studies.NAME`` from any folder
     env = dict(os.environ, PYTHON=sys.executable)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
     env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
-    tmp = log_file.with_suffix(log_file.suffix + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        proc = subprocess.run(
-            [str(c) for c in cmd], stdout=fh, stderr=subprocess.STDOUT, env=env, text=True
-        )
-    out = tmp.read_text(encoding="utf-8")
-    os.replace(tmp, log_file)
+    with atomic_output(log_file) as tmp:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            proc = subprocess.run(
+                [str(c) for c in cmd], stdout=fh, stderr=subprocess.STDOUT, env=env, text=True
+            )
+        out = Path(tmp).read_text(encoding="utf-8")
     if proc.returncode != 0:
         raise StudyError(
             f"command failed ({proc.returncode}), log {log_file}: "
@@ -73,14 +74,8 @@ def run(cmd: Sequence, log_file: Path, threads: int = 1) -> str:
     return out
 
 
-def write_atomic(path: Path, text: str):
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def write_json(path: Path, obj):
-    write_atomic(path, json.dumps(obj, indent=1, default=str))
+    write_json_atomic(path, obj, default=str)
 
 
 def read_json(path: Path) -> Optional[Dict]:
@@ -252,7 +247,7 @@ def report(args, name: str, t0: float, runs: List[Dict], summary: Dict, table: s
     wall = round(time.time() - t0, 1)
     out = {**head, "wall_seconds": wall, "summary": summary, "runs": runs}
     write_json(args.out / f"{name}.json", out)
-    write_atomic(args.out / f"{name}.md", table + "\n")
+    write_text_atomic(args.out / f"{name}.md", table + "\n")
     print(table)
     return out
 
@@ -272,90 +267,3 @@ def parse_run_args(p, argv, name: str, max_update: int, valid_points: int, warmu
     args.work_dir = args.work_dir or REPO_ROOT / "work_dirs" / study_name(args, name)
     args.out = args.out or (args.work_dir if quick else REPO_ROOT / "docs" / "benchmarks")
     return args
-
-
-# ---------------------------------------------------------------------------
-# summaries, tables and plots
-
-
-def mean_std(values: Iterable[Optional[float]], empty=(float("nan"), 0.0)) -> Dict[str, float]:
-    """Mean and sample std of the finite values; ``empty`` is (mean, std) when there are none."""
-    finite = [v for v in values if v is not None and math.isfinite(v)]
-    mean, std = empty
-    if finite:
-        mean, std = statistics.fmean(finite), statistics.stdev(finite) if len(finite) > 1 else 0.0
-    return {"mean": mean, "std": std, "n": len(finite)}
-
-
-def summarise(results: List[Dict], variants: Sequence[str], keys: Sequence[str]) -> Dict:
-    """``{variant: {key: mean_std over its runs}}``, for the variants that have runs."""
-    summary = {}
-    for label in variants:
-        runs = [r for r in results if r["variant"] == label]
-        if runs:
-            summary[label] = {key: mean_std([r[key] for r in runs]) for key in keys}
-    return summary
-
-
-def summary_table(summary: Dict, header: Sequence[str], columns: Sequence) -> str:
-    """A row per variant, a cell per ``(key, template)``: ``template.format(**mean_std)``."""
-    rows = [[label] + [t.format(**s[key]) for key, t in columns] for label, s in summary.items()]
-    return md_table(header, rows)
-
-
-def md_table(header: Sequence, rows: Iterable[Sequence]) -> str:
-    def line(cells):
-        return "| " + " | ".join(map(str, cells)) + " |"
-
-    return "\n".join([line(header), "|" + "---|" * len(header)] + [line(r) for r in rows])
-
-
-def seed_curves(runs: List[Dict], key: str):
-    """The updates every run validated at, and per update the runs' values of ``key``."""
-    updates = sorted(set.intersection(*[{p["update"] for p in r["valid_curve"]} for r in runs]))
-    values = [
-        [next(p[key] for p in r["valid_curve"] if p["update"] == u) for r in runs] for u in updates
-    ]
-    return updates, values
-
-
-def plot_seeds(ax, results: List[Dict], variants: Sequence[str], key: str, **style):
-    """Per variant, the seed mean of ``key`` and its min-max band over the seeds."""
-    for label in variants:
-        runs = [r for r in results if r["variant"] == label]
-        if runs:
-            ups, vals = seed_curves(runs, key)
-            mean = [statistics.fmean(v) for v in vals]
-            ax.plot(ups, mean, label=f"{label} (n={len(runs)})", **style)
-            ax.fill_between(ups, [min(v) for v in vals], [max(v) for v in vals], alpha=0.2)
-
-
-def pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def save_figure(fig, png: Path, dpi: int):
-    fig.tight_layout()
-    tmp = png.with_name(png.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=dpi)
-    pyplot().close(fig)
-    os.replace(tmp, png)
-
-
-def plot_curves(results, variants, key: str, png: Path, title: str, ylabel: str, log_y=False):
-    """The validation curves of a study: seed mean and min-max band per variant."""
-    fig, ax = pyplot().subplots(figsize=(7, 4.5))
-    plot_seeds(ax, results, variants, key, marker="o", ms=3)
-    if log_y:
-        ax.set_yscale("log")
-    ax.set_xlabel("updates")
-    ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend()
-    save_figure(fig, png, dpi=120)

@@ -15,10 +15,10 @@ Data: ``../shared/data/enfr/multi30k`` (train 29k, val 1014, test_2016_flickr 10
 prepared by ``scripts/prepare_multi30k.sh`` (lower-cased, Moses-tokenised, joint BPE)
 once under ``--work-dir`` and reused.
 
-usage:
-    python scripts/convergence.py                # the full study (~45 min on 2 shared cores)
-    python scripts/convergence.py --quick        # smoke check (~1-2 min)
-    python scripts/convergence.py --max-update 600 --seeds 1 2 3 --jobs 2 --out docs/benchmarks
+usage (from the repository root; measured run times in docs/benchmarks.md):
+    python -m studies.convergence                # the full study (33 min wall on 2 shared cores)
+    python -m studies.convergence --quick        # smoke check (41 s on a quiet machine)
+    python -m studies.convergence --max-update 600 --seeds 1 2 3 --jobs 2 --out docs/benchmarks
 """
 
 import json
@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
-import study
+from . import plots, runs, tables
 
-PREPARE_MULTI30K = study.REPO_ROOT / "scripts" / "prepare_multi30k.sh"
-EVALUATE = study.REPO_ROOT / "examples" / "wmt14_en_fr" / "evaluate.sh"
-logger = study.get_logger("convergence")
+PREPARE_MULTI30K = runs.REPO_ROOT / "scripts" / "prepare_multi30k.sh"
+EVALUATE = runs.REPO_ROOT / "examples" / "wmt14_en_fr" / "evaluate.sh"
+logger = runs.get_logger("convergence")
 
-VARIANTS = study.VARIANTS  # label -> arch prefix (<prefix>_tiny)
+VARIANTS = runs.VARIANTS  # label -> arch prefix (<prefix>_tiny)
 
 
 # ---------------------------------------------------------------------------
@@ -57,7 +57,7 @@ def prepare_data(data_root: Path, work: Path, bpe_merges: int, limits: Dict[str,
     cmd += ["--data", data_root, "--bpe-size", bpe_merges, "--workers", "2"]
     for split, lines in limits.items():
         cmd += [f"--max-{split}-lines", lines]
-    study.run(cmd, work / "prepare.log", threads=2)
+    runs.run(cmd, work / "prepare.log", threads=2)
     return data_bin
 
 
@@ -76,12 +76,12 @@ def model_flags(layers: int, width: int, ffn: int, heads: int) -> List[str]:
 
 def train_command(data_bin: Path, save_dir: Path, arch: str, seed: int, cfg) -> List[str]:
     return [
-        *study.train_head(data_bin, "translation"), "--arch", arch,
+        *runs.train_head(data_bin, "translation"), "--arch", arch,
         *model_flags(cfg.layers, cfg.width, cfg.ffn, cfg.heads),
-        "--share-all-embeddings", "--dropout", "0.1", *study.adam_inverse_sqrt(cfg),
+        "--share-all-embeddings", "--dropout", "0.1", *runs.adam_inverse_sqrt(cfg),
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--max-tokens", str(cfg.max_tokens), "--max-update", str(cfg.max_update),
-        *study.run_flags(cfg.valid_every, save_dir, seed),
+        *runs.run_flags(cfg.valid_every, save_dir, seed),
     ]  # fmt: skip
 
 
@@ -92,7 +92,7 @@ def train_command(data_bin: Path, save_dir: Path, arch: str, seed: int, cfg) -> 
 def sacrebleu_on_test_set(data_bin: Path, checkpoint: Path, out_dir: Path, cfg) -> float:
     """SacreBLEU of beam search on the test set, by the pipeline's evaluate.sh."""
     results = out_dir / "evaluate.json"
-    study.run(
+    runs.run(
         [
             "bash", EVALUATE, "--data-bin", data_bin, "--checkpoint", checkpoint,
             "--beam", "5", "--lenpen", "1.0", "--batch-size", str(cfg.gen_batch), "--cpu",
@@ -107,7 +107,7 @@ def sacrebleu_on_test_set(data_bin: Path, checkpoint: Path, out_dir: Path, cfg) 
 def run_one(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> Dict:
     arch = f"{VARIANTS[label]}_tiny"
     cmd = train_command(data_bin, run_dir, arch, seed, cfg)
-    result, train_s = study.train(cmd, run_dir, "nll_loss", variant=label, arch=arch, seed=seed)
+    result, train_s = runs.train(cmd, run_dir, "nll_loss", variant=label, arch=arch, seed=seed)
     start = time.time()
     bleu = sacrebleu_on_test_set(data_bin, run_dir / "checkpoint_last.pt", run_dir, cfg)
     result.update(
@@ -122,15 +122,15 @@ def run_one(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> Dict:
 
 
 def parse_args(argv=None):
-    p = study.run_parser(__doc__, "convergence", VARIANTS, jobs=3)
+    p = runs.run_parser(__doc__, "convergence", VARIANTS, jobs=3)
     p.add_argument("--max-tokens", type=int, default=1024)
-    study.add_model_args(p, layers=6, width=128, ffn=256, heads=4)
+    runs.add_model_args(p, layers=6, width=128, ffn=256, heads=4)
     p.add_argument("--bpe-merges", type=int, default=None)
     p.add_argument("--gen-batch", type=int, default=200)
     p.add_argument(
         "--keep-checkpoints", action="store_true", help="keep checkpoint_last.pt of each run"
     )
-    args = study.parse_run_args(p, argv, "convergence", max_update=160, valid_points=8, warmup=40)
+    args = runs.parse_run_args(p, argv, "convergence", max_update=160, valid_points=8, warmup=40)
     args.bpe_merges = args.bpe_merges or (500 if args.quick else 4000)
     args.limits = {"train": 2000, "valid": 100, "test": 50} if args.quick else {"valid": 400}
     return args
@@ -138,35 +138,37 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    data_bin, t0 = study.prepare(
+    data_bin, t0 = runs.prepare(
         args, lambda: prepare_data(args.data, args.work_dir, args.bpe_merges, args.limits)
     )
-    results = study.run_seeds(run_one, data_bin, args, VARIANTS)
-    summary = study.summarise(results, VARIANTS, ("final_valid_loss", "test_bleu", "train_seconds"))
-    table = study.summary_table(
+    results = runs.run_seeds(run_one, data_bin, args, VARIANTS)
+    summary = tables.summarise(
+        results, VARIANTS, ("final_valid_loss", "test_bleu", "train_seconds")
+    )
+    table = tables.summary_table(
         summary,
         [f"variant ({args.layers}L-{args.layers}L, width {args.width})",
          f"valid loss @ {args.max_update} upd", "test BLEU", "train s/run"],
         [("final_valid_loss", "{mean:.3f} ± {std:.3f}"), ("test_bleu", "{mean:.2f} ± {std:.2f}"),
          ("train_seconds", "{mean:.0f}")],
     )  # fmt: skip
-    name = study.study_name(args, "convergence")
+    name = runs.study_name(args, "convergence")
     example = train_command(data_bin, Path("SAVE_DIR"), "ARCH", 1, args)
-    study.report(
+    runs.report(
         args, name, t0, results, summary, table,
         description="Multi30k En-Fr, CPU, small scale; valid loss curves and test BLEU "
         "(SacreBLEU, lower-cased refs, test_2016_flickr) per run",
-        drop=("force", "keep_checkpoints"), train_command_example=study.command_line(example),
+        drop=("force", "keep_checkpoints"), train_command_example=runs.command_line(example),
     )  # fmt: skip
     title = f"Multi30k En-Fr valid loss, {args.layers}L-{args.layers}L d={args.width}, "
     title += f"{len(args.seeds)} seed(s), CPU"
     ylabel = "valid loss (label-smoothed CE, base 2)"
-    study.plot_curves(results, VARIANTS, "loss", args.out / f"{name}.png", title, ylabel)
+    plots.plot_curves(results, VARIANTS, "loss", args.out / f"{name}.png", title, ylabel)
     logger.info("done in %.0fs; results in %s", time.time() - t0, args.out)
 
 
 if __name__ == "__main__":
     try:
         main()
-    except study.StudyError as err:
-        raise SystemExit(f"convergence.py: error: {err}")
+    except runs.StudyError as err:
+        raise SystemExit(f"studies.convergence: error: {err}")

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, in under 8 minutes.
+"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, aimed at under 8 minutes (not yet
+run on a GPU).
 
 He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747);
 Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.07772).
@@ -18,9 +19,12 @@ Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.
 Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 1
 fails. ``--smoke`` runs the same code on CPU at toy sizes (the default test suite does).
 
-usage:
-    python scripts/gpu_check.py [--out gpu_check.json] [--work-dir work_dirs/gpu_check]
-    python scripts/gpu_check.py --smoke --out /tmp/smoke.json --work-dir /tmp/smoke
+Sizes, dtypes, lengths and the compared variants (``bench_models.VARIANTS``) are data in
+``FULL`` / ``SMOKE`` / ``DTYPES``.
+
+usage (from the repository root):
+    python -m studies.gpu_check [--out gpu_check.json] [--work-dir work_dirs/gpu_check]
+    python -m studies.gpu_check --smoke --out /tmp/smoke.json --work-dir /tmp/smoke
 """
 
 import argparse
@@ -34,12 +38,13 @@ import time
 from pathlib import Path
 
 import torch
-from bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
-from bench_models import Bench, dummy_dictionary, make_batch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DATA = Path(os.environ.get("REALFORMER_SHARED_DATA", REPO_ROOT.parent / "shared" / "data" / "enfr"))
-BIN = Path(sys.executable).parent
+from realformer_fairseq.atomic_files import write_json_atomic
+
+from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
+from .bench_models import Bench, dummy_dictionary, make_batch
+from .runs import BIN, DEFAULT_DATA, REPO_ROOT, user_dir
+
 MODELS_60_12 = ("realformer_wmt_en_fr_60_12", "admin_transformer_wmt_en_fr_60_12")
 
 FULL = dict(
@@ -48,6 +53,7 @@ FULL = dict(
     sizes={"6L-6L d512": dict(enc_layers=6, dec_layers=6, width=512, ffn=2048, heads=8),
            "60L-12L d512": dict(enc_layers=60, dec_layers=12, width=512, ffn=2048, heads=8)},
     vocab=8000, lengths=(32, 128), batch_tokens=5000, gen_sentences=64, repeats=3, steps=3,
+    variants=("vanilla", "realformer"), baseline="vanilla",
 )  # fmt: skip
 SMOKE = dict(
     FULL, corpora=("newstest2013",), max_lines=600, bpe_merges=100, max_update=20,
@@ -90,7 +96,7 @@ def prepare_data(cfg, work: Path) -> Path:
     for lang in ("en", "fr"):
         lines = []
         for corpus in cfg["corpora"]:
-            path = DATA / "moses_reference" / f"{corpus}.train-tok.{lang}"
+            path = DEFAULT_DATA / "moses_reference" / f"{corpus}.train-tok.{lang}"
             lines += path.read_text(encoding="utf-8").splitlines()[: cfg["max_lines"]]
         text[lang] = [line.lower() for line in lines]
     codes = work / "bpe.codes"
@@ -109,10 +115,8 @@ def prepare_data(cfg, work: Path) -> Path:
 
 
 def train_command(cfg, data_bin: Path, arch: str, out: Path):
-    import realformer_fairseq
-
     return [
-        BIN / "fairseq-train", data_bin, "--user-dir", Path(realformer_fairseq.__file__).parent,
+        BIN / "fairseq-train", data_bin, "--user-dir", user_dir(),
         "--task", "translation", "--arch", arch, *cfg["train_overrides"], "--share-all-embeddings",
         "--init-type", "admin", "--admin-profile-out", out / "omega.json", "--fp16",
         "--optimizer", "radam", "--adam-betas", "(0.9, 0.98)", "--clip-norm", "0.0",
@@ -166,13 +170,14 @@ def training_part(cfg, work: Path) -> dict:
 
 
 def speed_part(cfg) -> dict:
-    """realformer vs vanilla per size, dtype and sentence length, interleaved."""
+    """Each variant against the baseline (realformer vs vanilla) per size, dtype and sentence
+    length, interleaved."""
     device, rows = cfg["device"], {}
     dictionary = dummy_dictionary(cfg["vocab"])
     for size_name, sizes in cfg["sizes"].items():
         for dtype_name, dtype in DTYPES.items():
             benches = {v: Bench(v, sizes, dictionary, beam=5, device=device, dtype=dtype)
-                       for v in ("vanilla", "realformer")}  # fmt: skip
+                       for v in cfg["variants"]}  # fmt: skip
             for length in cfg["lengths"]:
                 bsz = max(1, cfg["batch_tokens"] // length)
                 train = make_batch(dictionary, bsz, length, length, seed=1, device=device)
@@ -191,13 +196,17 @@ def speed_part(cfg) -> dict:
                     {v: (lambda b=b: b.generate(gen, length)) for v, b in benches.items()},
                     {v: gen["nsentences"] for v in benches}, cfg["repeats"], 1, device,
                 )  # fmt: skip
-                rows[f"{size_name} {dtype_name} len{length}"] = {
-                    "train_wps": wps, "gen_sents_per_s": sps, "peak_memory_bytes": memory,
-                    "batch_sentences": bsz,
-                    "ratio_train_wps": ratio_of_rates(wps, "realformer", "vanilla")["median"],
-                    "ratio_gen_sents_per_s": ratio_of_rates(sps, "realformer", "vanilla")["median"],
-                    "ratio_peak_memory": memory["realformer"] / memory["vanilla"],
-                }  # fmt: skip
+                row = {"train_wps": wps, "gen_sents_per_s": sps, "peak_memory_bytes": memory,
+                       "batch_sentences": bsz}  # fmt: skip
+                base, row["ratios"] = cfg["baseline"], {}
+                for v in cfg["variants"]:
+                    if v != base:
+                        row["ratios"][f"{v}/{base}"] = {
+                            "train_wps": ratio_of_rates(wps, v, base)["median"],
+                            "gen_sents_per_s": ratio_of_rates(sps, v, base)["median"],
+                            "peak_memory": memory[v] / memory[base],
+                        }
+                rows[f"{size_name} {dtype_name} len{length}"] = row
             del benches
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
@@ -222,13 +231,14 @@ def main(argv=None) -> int:
     if "speed" in args.parts:
         report["speed"] = speed_part(cfg)
     report["wall_seconds"] = round(time.time() - t0, 1)
-    args.out.write_text(json.dumps(report, indent=1), encoding="utf-8")
+    write_json_atomic(args.out, report)
 
-    print("| size, dtype, length | train words/s | peak memory | generation sents/s |")
-    print("|---|---|---|---|")
+    print("| size, dtype, length | ratio | train words/s | peak memory | generation sents/s |")
+    print("|---|---|---|---|---|")
     for name, row in report.get("speed", {}).items():
-        print(f"| {name} | {row['ratio_train_wps']:.3f} | {row['ratio_peak_memory']:.3f} "
-              f"| {row['ratio_gen_sents_per_s']:.3f} |")  # fmt: skip
+        for key, r in row["ratios"].items():
+            print(f"| {name} | {key} | {r['train_wps']:.3f} | {r['peak_memory']:.3f} "
+                  f"| {r['gen_sents_per_s']:.3f} |")  # fmt: skip
     checks = report.get("training", {}).get("checks", {})
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'} {name}")

@@ -6,21 +6,31 @@ Liu et al., "Understanding the Difficulty of Training Transformers" (arXiv 2004.
 Every model is built in this process through fairseq's own argument parsing of a registered
 ``--arch`` (fairseq's ``transformer``, the plugin's ``realformer_transformer``,
 ``postln_transformer_*``, ``admin_transformer_*``) with every size given explicitly, on a dummy
-dictionary. Used by ``benchmark_speed.py`` (CPU) and ``gpu_check.py`` (GPU, fp16/bf16).
+dictionary. Used by ``studies.benchmark_speed`` (CPU) and ``studies.gpu_check`` (GPU,
+fp16/bf16).
 """
 
 from pathlib import Path
-from typing import Dict
+from typing import Dict, NamedTuple, Sequence
 
 import torch
 
-# variant -> (arch, force fairseq's eager attention path)
+
+class Variant(NamedTuple):
+    """One model of the benchmarks: a registered ``--arch``, extra command-line flags (after
+    the sizes, so they win), and whether fairseq's attention is forced onto its eager path."""
+
+    arch: str
+    flags: Sequence[str] = ()
+    eager: bool = False
+
+
 VARIANTS = {
-    "vanilla": ("transformer", False),
-    "vanilla_eager": ("transformer", True),
-    "realformer": ("realformer_transformer", False),
-    "postln": ("postln_transformer_tiny", False),
-    "admin": ("admin_transformer_tiny", False),
+    "vanilla": Variant("transformer"),
+    "vanilla_eager": Variant("transformer", eager=True),
+    "realformer": Variant("realformer_transformer"),
+    "postln": Variant("postln_transformer_tiny"),
+    "admin": Variant("admin_transformer_tiny"),
 }
 
 
@@ -33,16 +43,25 @@ def dummy_dictionary(vocab: int):
     return dictionary
 
 
-def build(arch: str, sizes: Dict, dictionary, seed: int = 1):
-    """Model and criterion from fairseq's own argument parsing of ``--arch arch``."""
+def build(arch: str, sizes: Dict, dictionary, seed: int = 1, flags: Sequence[str] = ()):
+    """Model and criterion from fairseq's own argument parsing of ``--arch arch`` (the
+    command line is :func:`train_argv`)."""
     from fairseq import options
     from fairseq.tasks.translation import TranslationTask
 
+    parser = options.get_training_parser(default_task="translation")
+    args = options.parse_args_and_arch(parser, input_args=train_argv(arch, sizes, seed, flags))
+    task = TranslationTask(args, dictionary, dictionary)
+    torch.manual_seed(seed)
+    return task.build_model(args), task.build_criterion(args)
+
+
+def train_argv(arch: str, sizes: Dict, seed: int = 1, flags: Sequence[str] = ()):
+    """The fairseq-train arguments of a benchmark model: every size explicit, then ``flags``."""
     import realformer_fairseq
 
     user_dir = str(Path(realformer_fairseq.__file__).resolve().parent)
-    parser = options.get_training_parser(default_task="translation")
-    argv = [
+    return [
         "unused-data-dir", "--user-dir", user_dir, "--task", "translation", "--arch", arch,
         "--encoder-layers", str(sizes["enc_layers"]), "--decoder-layers", str(sizes["dec_layers"]),
         "--encoder-embed-dim", str(sizes["width"]), "--decoder-embed-dim", str(sizes["width"]),
@@ -52,12 +71,8 @@ def build(arch: str, sizes: Dict, dictionary, seed: int = 1):
         "--share-all-embeddings", "--dropout", "0.1",
         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
         "--optimizer", "adam", "--seed", str(seed),
-        "--max-source-positions", "1024", "--max-target-positions", "1024",
+        "--max-source-positions", "1024", "--max-target-positions", "1024", *flags,
     ]  # fmt: skip
-    args = options.parse_args_and_arch(parser, input_args=argv)
-    task = TranslationTask(args, dictionary, dictionary)
-    torch.manual_seed(seed)
-    return task.build_model(args), task.build_criterion(args)
 
 
 def force_eager_attention(model):
@@ -112,9 +127,10 @@ class Bench:
         self, name: str, sizes: Dict, dictionary, beam: int = 5, device: str = "cpu",
         dtype: torch.dtype = torch.float32,
     ):  # fmt: skip
-        self.name, (self.arch, eager) = name, VARIANTS[name]
-        self.model, self.criterion = build(self.arch, sizes, dictionary)
-        if eager:
+        variant = VARIANTS[name]
+        self.name, self.arch, self.flags = name, variant.arch, tuple(variant.flags)
+        self.model, self.criterion = build(self.arch, sizes, dictionary, flags=self.flags)
+        if variant.eager:
             force_eager_attention(self.model)
         self.model.to(device=device, dtype=dtype)
         self.params_in_dtype = list(self.model.parameters())

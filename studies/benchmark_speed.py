@@ -14,9 +14,12 @@ baseline without and with ADMIN). Per variant, measured interleaved in one proce
 events, plus 3 x parameter bytes for weights and Adam's moments) and of the forward alone;
 beam-5 generation sentences/s with the output length pinned (``min_len = max_len``).
 
-usage:
-    python scripts/benchmark_speed.py      # base, deep, len128, len512 -> docs/benchmarks/speed.json
-    python scripts/benchmark_speed.py --configs toy --repeats 2 --json /tmp/speed.json
+Configs (``CONFIGS``: sizes, batch and lengths) and variants (``bench_models.VARIANTS``: arch,
+attention path, extra flags) are data: a new length or route is one entry there.
+
+usage (from the repository root):
+    python -m studies.benchmark_speed      # base, deep, len128, len512 -> docs/benchmarks/speed.json
+    python -m studies.benchmark_speed --configs toy --repeats 2 --json /tmp/speed.json
 """
 
 import argparse
@@ -29,9 +32,11 @@ from pathlib import Path
 from typing import Dict
 
 import torch
-from bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
-from bench_models import VARIANTS, Bench, dummy_dictionary, make_batch
-from study import config, md_table, write_json
+
+from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
+from .bench_models import VARIANTS, Bench, dummy_dictionary, make_batch
+from .runs import config, write_json
+from .tables import md_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 logging.basicConfig(format="%(asctime)s | %(message)s", level=logging.INFO, stream=sys.stdout)
@@ -39,19 +44,27 @@ logger = logging.getLogger("benchmark_speed")
 
 # name -> sizes and workload (gen_batch None: no generation measured)
 CONFIGS = {
-    "base": dict(label="6L-6L d512 ffn2048 h8", enc_layers=6, dec_layers=6, width=512, ffn=2048,
-                 heads=8, vocab=8000, train_batch=8, src_len=32, tgt_len=32, gen_batch=8, gen_len=32),
-    "deep": dict(label="60L-12L d128 ffn512 h4", enc_layers=60, dec_layers=12, width=128, ffn=512,
-                 heads=4, vocab=8000, train_batch=16, src_len=32, tgt_len=32, gen_batch=8, gen_len=32),
-    "len128": dict(label="6L-6L d256 ffn1024 h4, length 128", enc_layers=6, dec_layers=6, width=256,
-                   ffn=1024, heads=4, vocab=8000, train_batch=4, src_len=128, tgt_len=128,
-                   gen_batch=None, gen_len=None),
-    "len512": dict(label="6L-6L d256 ffn1024 h4, length 512", enc_layers=6, dec_layers=6, width=256,
-                   ffn=1024, heads=4, vocab=8000, train_batch=1, src_len=512, tgt_len=512,
-                   gen_batch=None, gen_len=None),
-    "toy": dict(label="2L-2L d32 ffn64 h2", enc_layers=2, dec_layers=2, width=32, ffn=64, heads=2,
-                vocab=100, train_batch=4, src_len=8, tgt_len=8, gen_batch=2, gen_len=6),
+    "base": dict(enc_layers=6, dec_layers=6, width=512, ffn=2048, heads=8, vocab=8000,
+                 train_batch=8, src_len=32, tgt_len=32, gen_batch=8, gen_len=32),
+    "deep": dict(enc_layers=60, dec_layers=12, width=128, ffn=512, heads=4, vocab=8000,
+                 train_batch=16, src_len=32, tgt_len=32, gen_batch=8, gen_len=32),
+    "len128": dict(enc_layers=6, dec_layers=6, width=256, ffn=1024, heads=4, vocab=8000,
+                   train_batch=4, src_len=128, tgt_len=128, gen_batch=None, gen_len=None),
+    "len512": dict(enc_layers=6, dec_layers=6, width=256, ffn=1024, heads=4, vocab=8000,
+                   train_batch=1, src_len=512, tgt_len=512, gen_batch=None, gen_len=None),
+    "toy": dict(enc_layers=2, dec_layers=2, width=32, ffn=64, heads=2, vocab=100,
+                train_batch=4, src_len=8, tgt_len=8, gen_batch=2, gen_len=6),
 }  # fmt: skip
+
+
+def config_label(cfg: Dict) -> str:
+    """E.g. ``6L-6L d512 ffn2048 h8, length 32``: the sizes the config builds."""
+    return (
+        f"{cfg['enc_layers']}L-{cfg['dec_layers']}L d{cfg['width']} ffn{cfg['ffn']} "
+        f"h{cfg['heads']}, length {cfg['src_len']}"
+    )
+
+
 RATIOS = [
     ("realformer", "vanilla"),  # the targets apply to this row
     ("vanilla_eager", "vanilla"),  # fused-kernel gain in training; generation: same code (noise)
@@ -70,7 +83,7 @@ TARGETS = {  # realformer/vanilla, per config
 
 
 def run_config(name: str, args) -> Dict:
-    cfg = CONFIGS[name]
+    cfg = dict(CONFIGS[name], label=config_label(CONFIGS[name]))
     dictionary = dummy_dictionary(cfg["vocab"])
     logger.info("[%s] building %s (%s)", name, ", ".join(args.variants), cfg["label"])
     benches = {v: Bench(v, cfg, dictionary, beam=args.beam) for v in args.variants}
@@ -128,12 +141,12 @@ def run_config(name: str, args) -> Dict:
             entry["gen_sents_per_s_per_repeat"] = gen_ratio["per_repeat"]
         ratios[f"{a}/{b}"] = entry
     variants = {
-        v: dict(arch=bench.arch, params=bench.params, train_wps=wps[v],
+        v: dict(arch=bench.arch, flags=list(bench.flags), params=bench.params, train_wps=wps[v],
                 train_wps_median=statistics.median(wps[v]), gen_sents_per_s=sps.get(v),
                 gen_sents_per_s_median=statistics.median(sps[v]) if sps else None, **memory[v])
         for v, bench in benches.items()
     }  # fmt: skip
-    return {"config": dict(cfg), "variants": variants, "ratios": ratios}
+    return {"config": cfg, "variants": variants, "ratios": ratios}
 
 
 def format_tables(report: Dict) -> str:

@@ -15,16 +15,18 @@ alike; each ratio is the median over repeats of per-repeat ratios against
   ``cross_entropy``, dropout on; ADMIN profiling is done in an untimed warm-up step);
 * peak memory of one training step from ``torch.profiler``'s CPU memory events (live
   tensor bytes above the step's start), plus the parameter and Adam state bytes,
-  computed as in ``scripts/benchmark_speed.py``.
+  computed as in ``studies.benchmark_speed``.
 
-Variants: ``vanilla`` (fairseq ``transformer_lm``: Pre-LN, attention through
-``F.multi_head_attention_forward`` when training), ``realformer`` (``realformer_lm``:
-residual attention, running sum, Post-LN + ADMIN), ``admin`` (``admin_transformer_lm``:
-Post-LN + ADMIN, no residual attention; separates the two costs).
+Variants (``VARIANTS``, data: arch, extra flags, attention path): ``vanilla`` (fairseq
+``transformer_lm``: Pre-LN, attention through ``F.multi_head_attention_forward`` when
+training), ``vanilla_eager`` (the same, forced onto fairseq's own bmm/softmax path; not run by
+default), ``realformer`` (``realformer_lm``: residual attention, running sum, Post-LN + ADMIN),
+``admin`` (``admin_transformer_lm``: Post-LN + ADMIN, no residual attention; separates the two
+costs).
 
-usage:
-    python scripts/benchmark_lm.py                               # 6 layers, 512/2048 (~10 min)
-    python scripts/benchmark_lm.py --lengths 32 --layers 2 --width 64 --ffn 128 --heads 2 \\
+usage (from the repository root):
+    python -m studies.benchmark_lm                               # 6 layers, 512/2048
+    python -m studies.benchmark_lm --lengths 32 --layers 2 --width 64 --ffn 128 --heads 2 \\
         --repeats 2 --json /tmp/lm_speed.json                     # smoke check
 """
 
@@ -39,9 +41,11 @@ from pathlib import Path
 from typing import Dict
 
 import torch
-from bench_measure import peak_bytes  # the CPU peak method of benchmark_speed.py
-from bench_models import dummy_dictionary
-from study import config, md_table, user_dir, write_json
+
+from .bench_measure import peak_bytes  # the CPU peak method of benchmark_speed
+from .bench_models import Variant, dummy_dictionary, force_eager_attention
+from .runs import config, user_dir, write_json
+from .tables import md_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,21 +57,35 @@ logging.basicConfig(
 logger = logging.getLogger("benchmark_lm")
 logger.setLevel(logging.INFO)
 
-# variant -> --arch
 VARIANTS = {
-    "vanilla": "transformer_lm",
-    "realformer": "realformer_lm",
-    "admin": "admin_transformer_lm",
+    "vanilla": Variant("transformer_lm"),
+    "vanilla_eager": Variant("transformer_lm", eager=True),
+    "realformer": Variant("realformer_lm"),
+    "admin": Variant("admin_transformer_lm"),
 }
+DEFAULT_VARIANTS = ["vanilla", "realformer", "admin"]
 
 
-def build(arch: str, args_in, tokens_per_sample: int, dictionary, seed: int = 1):
-    """Model and criterion from fairseq's own parsing of ``--arch arch``."""
+def build(variant: Variant, args_in, tokens_per_sample: int, dictionary, seed: int = 1):
+    """Model and criterion from fairseq's own parsing of :func:`train_argv`."""
     from fairseq import options
     from fairseq.tasks.language_modeling import LanguageModelingTask
 
     parser = options.get_training_parser(default_task="language_modeling")
-    argv = [
+    argv = train_argv(variant, args_in, tokens_per_sample, seed)
+    args = options.parse_args_and_arch(parser, input_args=argv)
+    task = LanguageModelingTask(args, dictionary, dictionary)
+    torch.manual_seed(seed)
+    model = task.build_model(args)
+    if variant.eager:
+        force_eager_attention(model)
+    return model, task.build_criterion(args)
+
+
+def train_argv(variant: Variant, args_in, tokens_per_sample: int, seed: int = 1):
+    """The fairseq-train arguments of a benchmark LM: every size explicit, then the flags."""
+    arch = variant.arch
+    return [
         "unused-data-dir", "--user-dir", user_dir(), "--task", "language_modeling",
         "--arch", arch, "--tokens-per-sample", str(tokens_per_sample),
         "--decoder-layers", str(args_in.layers), "--decoder-embed-dim", str(args_in.width),
@@ -78,12 +96,8 @@ def build(arch: str, args_in, tokens_per_sample: int, dictionary, seed: int = 1)
         "--decoder-attention-heads", str(args_in.heads),
         "--share-decoder-input-output-embed", "--dropout", "0.1",
         "--criterion", "cross_entropy", "--optimizer", "adam", "--cpu", "--seed", str(seed),
+        *variant.flags,
     ]  # fmt: skip
-    args = options.parse_args_and_arch(parser, input_args=argv)
-    task = LanguageModelingTask(args, dictionary, dictionary)
-    torch.manual_seed(seed)
-    model = task.build_model(args)
-    return model, task.build_criterion(args)
 
 
 def make_batch(bsz: int, length: int, dictionary, seed: int):
@@ -103,8 +117,8 @@ def make_batch(bsz: int, length: int, dictionary, seed: int):
 
 class Bench:
     def __init__(self, name: str, args, length: int, dictionary):
-        self.name, self.arch = name, VARIANTS[name]
-        self.model, self.criterion = build(self.arch, args, length, dictionary)
+        self.name, self.arch = name, VARIANTS[name].arch
+        self.model, self.criterion = build(VARIANTS[name], args, length, dictionary)
         self.params = sum(p.numel() for p in self.model.parameters())
         self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-5, foreach=False)
@@ -189,7 +203,7 @@ def parse_args(argv=None):
     p.add_argument("--vocab", type=int, default=8000)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--steps", type=int, default=1, help="training steps per timed measurement")
-    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
+    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=DEFAULT_VARIANTS)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--json", type=Path, default=REPO_ROOT / "docs" / "benchmarks" / "lm_speed.json")
     return p.parse_args(argv)

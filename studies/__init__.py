@@ -1,0 +1,21 @@
+"""The project's studies: measurements of the realformer_fairseq plugin, not part of it.
+
+RealFormer (He, Ravula, Kanagal, Ainslie, arXiv 2012.11747) and ADMIN (Liu et al., arXiv
+2004.08249 / 2008.07772) measured at CPU scale, and a GPU check. Run from the repository root
+as ``python -m studies.NAME`` (each module's docstring has its usage):
+
+===========================  ==============================================================
+``benchmark_speed``          NMT speed and memory against fairseq's ``transformer`` (CPU)
+``benchmark_lm``             the same for the language models, against ``transformer_lm``
+``saved_tensors``            what autograd keeps per layer: RealFormer vs fairseq's paths
+``gpu_check``                fp16/bf16 training, speed and generation on one GPU
+``convergence``              Post-LN / Pre-LN / ADMIN / RealFormer+ADMIN on Multi30k En-Fr
+``lm_comparison``            the same four as language models on Multi30k English
+``paper_checks``             the paper's masked-LM, stability and attention claims
+===========================  ==============================================================
+
+Shared helpers: ``runs`` (fairseq subprocesses, results, resume, arguments), ``tables``
+(seed means, Markdown), ``plots`` (matplotlib, the ``plots`` extra), ``text`` (the word
+tokenizer), ``bench_models`` / ``bench_measure`` (the benchmarks' models, timing and memory).
+The plugin never imports this package (``tests/test_import_graph.py``).
+"""
