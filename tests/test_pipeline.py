@@ -646,7 +646,7 @@ def test_multi30k_preparation_refuses_an_option_without_a_value(tmp_path):
         (["--arch", "transformer"], "--variant / --size"),
         (["--arch=transformer"], "--variant / --size"),
         (["--init-type", "default"], "--variant / --size"),
-        (["--residual-attention", "none"], "--variant / --size"),
+        (["--residual-attention", ""], "--variant / --size"),
         (["--max-tokens", "100"], "--max-tokens"),
         (["--warmup-updates", "10"], "--warmup"),
     ],
