@@ -29,7 +29,7 @@ is loaded, i.e. under that command)        with a traceback and the rest of the 
                                            U+FFFD and one warning for such a byte.
 =========================================  =============================================  ==========================
 
-Registering the plugin's models, architectures, criterion and optimizer in fairseq's
+Registering the plugin's models, architectures, criterion, optimizer and BPE (``wordpiece``) in fairseq's
 registries is what ``--user-dir`` asks for, and is not a patch.
 """
 

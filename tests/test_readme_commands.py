@@ -369,11 +369,82 @@ def check_study_train_command(block, **_):
     parse_with_fairseq(printed[1:], "get_training_parser")
 
 
+TF_FIXTURE = SHARED_DATA.parent / "realformer_tf"  # a checkpoint written by Google's realformer.py
+
+
+def tf_download(layout: Path) -> Path:
+    """``realformer_base/`` in the layout: the shared TF fixture under the file names of Google's
+    zips (bert_model.ckpt.*, bert_config.json, vocab.txt)."""
+    folder = layout / "realformer_base"
+    if not folder.exists():
+        folder.mkdir()
+        for name, target in (("bert_model.ckpt.index", "model.ckpt.index"),
+                             ("bert_model.ckpt.data-00000-of-00001", "model.ckpt.data-00000-of-00001"),
+                             ("bert_config.json", "bert_config.json"), ("vocab.txt", "vocab.txt")):  # fmt: skip
+            (folder / name).symlink_to(TF_FIXTURE / target)
+    return folder
+
+
+def tf_import_block():
+    (block,) = [b for b in command_blocks() if "realformer-import-tf --tf-checkpoint" in b[3]]
+    return block
+
+
+def check_tf_import(block, layout, **_):
+    """realformer-import-tf as printed, on the shared checkpoint written by Google's code."""
+    tf_download(layout)
+    if not (layout / "realformer_base_fs" / "model.pt").is_file():
+        proc = run_block(layout, block[3])
+        assert "realformer_base_fs/model.pt (" in proc.stdout + proc.stderr  # its one line
+    for name in ("model.pt", "dict.txt", "vocab.txt", "model_args.txt"):
+        assert (layout / "realformer_base_fs" / name).is_file(), name
+
+
+def check_tf_hub(block, layout, **_):
+    """The hub block on the converted checkpoint, as printed."""
+    check_tf_import(tf_import_block(), layout)
+    proc = run_block(layout, block[3], "python")
+    assert proc.stdout.strip().splitlines()[-1].startswith("torch.Size([1, ")
+
+
+def check_tf_finetune(block, layout, **_):
+    """The sentence-pair recipe (needs a labelled data set): each command, its loop variables
+    and $(cat model_args.txt) filled in from the converted fixture, is parsed by its program's
+    parser (realformer-wordpiece's, fairseq's preprocessing and training parsers)."""
+    from fairseq import options
+
+    from realformer_fairseq.tf_import import wordpiece
+
+    check_tf_import(tf_import_block(), layout)
+    model_args = (layout / "realformer_base_fs" / "model_args.txt").read_text(encoding="utf-8")
+    text = block[3].replace("$(cat realformer_base_fs/model_args.txt)", model_args.strip())
+    text = text.replace("$split", "train").replace("$col", "input0").replace("$USER_DIR", USER_DIR)
+    seen = set()
+    for command in commands_of(text):
+        words, name = program(command)
+        if name in ("for", "done", "done;"):
+            continue
+        if name == "realformer-wordpiece":
+            wordpiece.get_parser().parse_args(words[1:])
+        elif name == "fairseq-preprocess":
+            options.get_preprocessing_parser().parse_args(words[1:])
+        elif name == "fairseq-train":
+            args = parse_with_fairseq(words[1:], "get_training_parser")
+            assert args.arch == "realformer_roberta" and args.task == "sentence_prediction"
+        else:
+            continue
+        seen.add(name)
+    assert seen == {"realformer-wordpiece", "fairseq-preprocess", "fairseq-train"}
+
+
 CHECKERS = [
     ("ci", check_ci, r"^(bash scripts/install\.sh|\.venv/bin/python -m pytest)"),
     ("quickstart", check_quickstart, r"^bash scripts/quickstart\.sh"),
     ("torchrun-cpu", check_torchrun_cpu, r"torchrun --nproc_per_node 2 --no-python"),
     ("readme", check_readme_run, r"quickstart/"),
+    ("tf-import", check_tf_import, r"^\.venv/bin/realformer-import-tf "),
+    ("tf-hub", check_tf_hub, r"from_pretrained\(\"realformer_base_fs\""),
+    ("tf-finetune", check_tf_finetune, r"realformer-wordpiece --vocab realformer_base_fs"),
     ("prepare", check_prepare, r"^bash examples/wmt14_en_fr/prepare\.sh"),
     ("train.sh", check_train_sh, r"examples/wmt14_en_fr/train\.sh"),
     ("evaluate", check_evaluate, r"examples/wmt14_en_fr/evaluate\.sh"),
