@@ -1,5 +1,19 @@
-"""Hub interface of the encoder-only model (``RealformerRobertaModel.from_pretrained``).
+"""Hub interfaces (``from_pretrained``) of the plugin's models.
 
+Every family: a checkpoint that holds another model class than the plugin's (e.g. fairseq's own
+``transformer``, loaded through ``RealformerTransformerModel.from_pretrained``) is loaded as that
+class, as fairseq does, with one warning naming the class and the architecture
+(:func:`warn_if_not_plugin_model`).
+
+Translation (``RealformerTransformerModel.from_pretrained``): fairseq 0.12.3 builds the Moses
+tokenizer that ``tokenizer="moses"`` asks for from ``MosesTokenizerConfig``'s defaults,
+``source_lang="en", target_lang="en"``, unless the call passes both languages: a French model's
+output was detokenized with English rules (``l' eau`` for ``l'eau``). ``fairseq-interactive -s en
+-t fr`` gives the tokenizer the task's languages; :func:`use_task_languages` does the same for
+the hub, from the task (the data-bin's ``dict.SRC.txt`` / ``dict.TGT.txt`` or the checkpoint's
+``--source-lang`` / ``--target-lang``). Languages given to ``from_pretrained`` are kept.
+
+Encoder-only (``RealformerRobertaModel.from_pretrained``):
 fairseq 0.12.3's ``RobertaHubInterface.fill_mask`` writes the predicted word into the input with
 ``masked_input.replace(" <mask>", word)``: right for GPT-2 BPE, whose tokens carry their own leading
 space, but with subword-nmt or fastBPE codes (space-separated tokens, ``@@`` continuations) it
@@ -13,15 +27,73 @@ RoBERTa's ``<s> a </s> </s> b </s>``, and ``fill_mask`` joins a predicted ``##``
 the word before and puts any other piece where ``<mask>`` stood.
 """
 
+import logging
+
 import torch
 from fairseq import utils
+from fairseq.data import encoders
 from fairseq.data.encoders.fastbpe import fastBPE
 from fairseq.data.encoders.subword_nmt_bpe import SubwordNMTBPE
 from fairseq.models.roberta.hub_interface import RobertaHubInterface
+from omegaconf import open_dict
+
+logger = logging.getLogger(__name__)
 
 from ..tf_import.wordpiece import CONTINUATION_PREFIX, WordPieceBPE
 
 SPACE_SEPARATED_BPES = (SubwordNMTBPE, fastBPE)
+TOKENIZER_LANGUAGES = ("source_lang", "target_lang")
+
+
+def warn_if_not_plugin_model(models, plugin_class, checkpoint: str):
+    """One warning for each model of ``models`` (a hub's ensemble) that is not a
+    ``plugin_class``: the class fairseq loaded from ``checkpoint`` and its ``--arch``."""
+    for model in models:
+        if not isinstance(model, plugin_class):
+            arch = getattr(getattr(model, "cfg", None), "arch", None) or getattr(
+                getattr(model, "args", None), "arch", "?"
+            )
+            logger.warning(
+                "%s holds %s.%s (--arch %s), not a %s: loaded as %s, without this plugin's "
+                "residual attention or ADMIN",
+                checkpoint,
+                type(model).__module__,
+                type(model).__name__,
+                arch,
+                plugin_class.__name__,
+                type(model).__name__,
+            )
+
+
+def use_task_languages(hub, overrides: dict):
+    """Give the hub's Moses tokenizer the task's source and target languages, except those
+    passed to ``from_pretrained`` (``overrides``); rebuilds ``hub.tokenizer`` if one changed."""
+    tokenizer_cfg = hub.cfg.get("tokenizer", None)
+    if tokenizer_cfg is None or tokenizer_cfg.get("_name", None) != "moses":
+        return hub
+    changed = []
+    with open_dict(tokenizer_cfg):
+        for key in TOKENIZER_LANGUAGES:
+            lang = getattr(hub.task.cfg, key, None)
+            if key not in overrides and lang and tokenizer_cfg.get(key, None) != lang:
+                tokenizer_cfg[key] = lang
+                changed.append(key)
+    if changed:
+        hub.tokenizer = encoders.build_tokenizer(tokenizer_cfg)
+        logger.info(
+            "Moses tokenizer: source %s, target %s (the task's languages)",
+            tokenizer_cfg.source_lang,
+            tokenizer_cfg.target_lang,
+        )
+    return hub
+
+
+def translation_hub(hub, plugin_class, overrides: dict, checkpoint: str):
+    """Finish fairseq's ``GeneratorHubInterface`` of ``RealformerTransformerModel
+    .from_pretrained``: the warning of :func:`warn_if_not_plugin_model` and the task's
+    languages for the Moses tokenizer (:func:`use_task_languages`)."""
+    warn_if_not_plugin_model(hub.models, plugin_class, checkpoint)
+    return use_task_languages(hub, overrides)
 
 
 class RealformerRobertaHubInterface(RobertaHubInterface):

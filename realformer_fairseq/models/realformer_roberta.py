@@ -325,7 +325,7 @@ class RealformerRobertaModel(
         ``vocab.txt``) keeps the checkpoint's own BPE (``wordpiece``, cased or not as
         converted) with that folder's ``vocab.txt``; any other folder gets fairseq's default,
         ``gpt2``."""
-        from .hub_interface import RealformerRobertaHubInterface
+        from .hub_interface import RealformerRobertaHubInterface, warn_if_not_plugin_model
 
         if bpe == "auto":
             vocab = os.path.join(str(model_name_or_path), "vocab.txt")
@@ -345,6 +345,7 @@ class RealformerRobertaModel(
             load_checkpoint_heads=True,
             **kwargs,
         )
+        warn_if_not_plugin_model(x["models"], cls, f"{model_name_or_path}/{checkpoint_file}")
         return RealformerRobertaHubInterface(x["args"], x["task"], x["models"][0])
 
     def forward(
