@@ -28,6 +28,10 @@ from .errors import RealformerConfigError
 
 RESIDUAL_CHAINS = ("encoder", "decoder", "cross")
 RESIDUAL_ATTENTION_MODES = ("sum", "mean")
+# eager: the float32 score stream, layer by layer; concat: one fused attention over the
+# concatenated queries and keys of the chain so far (no stream); auto: per chain and batch,
+# the faster of the two by the rule in modules/residual_attention.py (docs/benchmarks.md)
+RESIDUAL_ATTENTION_IMPLS = ("eager", "concat", "auto")
 INIT_TYPES = ("default", "admin", "admin-closed-form")
 ADMIN_INIT_TYPES = ("admin", "admin-closed-form")
 
@@ -64,6 +68,17 @@ FLAGS = (
             help="sum: softmax over the running sum of scores; mean: over the running mean "
             "(the stream passed on stays the sum; the official code's docstring: 'helpful for "
             "deep RealFormer models with 30+ layers')",
+        ),
+    ),
+    Flag(
+        "residual_attention_impl",
+        dict(
+            choices=RESIDUAL_ATTENTION_IMPLS,
+            help="how the residual score chains are computed (the same values): eager "
+            "materialises the float32 running sum of scores; concat runs one fused attention "
+            "over the concatenated queries and keys of this and all earlier layers of the chain "
+            "(no T x T tensor, falls back to eager where no fused kernel serves the call); auto "
+            "picks per chain by length, depth, head size, dropout, device and dtype",
         ),
     ),
     Flag(
@@ -137,6 +152,7 @@ class RealformerSettings:
 
     residual_chains: FrozenSet[str]
     residual_attention_mode: Optional[str]  # None exactly when no chain is residual
+    residual_attention_impl: Optional[str]  # None exactly when no chain is residual
     init_type: str
     admin_profile_out: Optional[str]
     # BERT options (encoder-only models); the defaults change nothing
@@ -210,10 +226,12 @@ def read_realformer_settings(
     model, ``("decoder",)`` for the language model): ``residual_attention: all`` means all
     of them, naming another one is an error. The required flags must be present: every
     architecture sets them, so a config without them did not go through an architecture and
-    is refused rather than read as "off". ``bert_options``: the model carries out
-    ``--layernorm-eps``, ``--type-vocab-size`` and ``--bert-pooler`` (the encoder-only
-    model); elsewhere they are refused. Every combination the model cannot honour raises
-    :class:`RealformerConfigError`, whose message is one line.
+    is refused rather than read as "off". ``residual_attention_impl`` alone is read as
+    ``auto`` where it is missing and a chain is on: it changes how the model computes, never
+    what. ``bert_options``: the model carries out ``--layernorm-eps``, ``--type-vocab-size``
+    and ``--bert-pooler`` (the encoder-only model); elsewhere they are refused. Every
+    combination the model cannot honour raises :class:`RealformerConfigError`, whose
+    message is one line.
     """
     values = {}
     for flag in FLAGS:
@@ -247,6 +265,21 @@ def read_realformer_settings(
     if mode is not None and not chains:
         raise RealformerConfigError(
             f"--residual-attention-mode {mode} needs residual attention on "
+            f"(--residual-attention is '{requested}' for this architecture)"
+        )
+
+    impl = values["residual_attention_impl"]
+    if impl is not None and impl not in RESIDUAL_ATTENTION_IMPLS:
+        raise RealformerConfigError(
+            f"--residual-attention-impl {impl}: use one of {', '.join(RESIDUAL_ATTENTION_IMPLS)}"
+        )
+    if chains and impl is None:
+        # the one flag read with a default: every value computes the same model (configs
+        # and checkpoints from before the flag existed have none)
+        impl = "auto"
+    elif impl is not None and not chains:
+        raise RealformerConfigError(
+            f"--residual-attention-impl {impl} needs residual attention on "
             f"(--residual-attention is '{requested}' for this architecture)"
         )
 
@@ -287,6 +320,7 @@ def read_realformer_settings(
     return RealformerSettings(
         residual_chains=frozenset(chains),
         residual_attention_mode=mode,
+        residual_attention_impl=impl,
         init_type=init_type,
         admin_profile_out=values["admin_profile_out"] or None,
         layernorm_eps=None if eps is None else float(eps),

@@ -25,13 +25,28 @@ class Variant(NamedTuple):
     eager: bool = False
 
 
+# the three routes of the residual score chains (--residual-attention-impl); "realformer" is
+# the default, auto
+IMPL_EAGER = ("--residual-attention-impl", "eager")
+IMPL_CONCAT = ("--residual-attention-impl", "concat")
+
 VARIANTS = {
     "vanilla": Variant("transformer"),
     "vanilla_eager": Variant("transformer", eager=True),
     "realformer": Variant("realformer_transformer"),
+    "realformer_eager": Variant("realformer_transformer", IMPL_EAGER),
+    "realformer_concat": Variant("realformer_transformer", IMPL_CONCAT),
     "postln": Variant("postln_transformer_tiny"),
     "admin": Variant("admin_transformer_tiny"),
 }
+
+
+def quiet_route_logs():
+    """No per-module kernel lines of the residual attention routes in a benchmark's output:
+    fairseq's ``wav2vec2_classification`` sets the root logger to DEBUG on import."""
+    import logging
+
+    logging.getLogger("realformer_fairseq.modules.residual_attention").setLevel(logging.INFO)
 
 
 def dummy_dictionary(vocab: int):

@@ -7,7 +7,9 @@ Liu et al., "Understanding the Difficulty of Training Transformers" (arXiv 2004.
 Variants (``bench_models.VARIANTS``): ``vanilla`` (fairseq ``transformer``; its training
 attention is ``F.multi_head_attention_forward``), ``vanilla_eager`` (the same model forced onto
 fairseq's own bmm/softmax path), ``realformer`` (``realformer_transformer``: residual attention
-on all three chains, running mean, ADMIN), ``postln`` and ``admin`` (the plugin's Post-LN
+on all three chains, running mean, ADMIN; the default ``--residual-attention-impl auto``),
+``realformer_eager`` and ``realformer_concat`` (the same model on the eager and on the concat
+route of the score chains), ``postln`` and ``admin`` (the plugin's Post-LN
 baseline without and with ADMIN). Per variant, measured interleaved in one process
 (``bench_measure``): training target words/s (forward, backward, Adam step,
 ``label_smoothed_cross_entropy``, dropout on); peak memory of one training step (CPU allocator
@@ -18,7 +20,7 @@ Configs (``CONFIGS``: sizes, batch and lengths) and variants (``bench_models.VAR
 attention path, extra flags) are data: a new length or route is one entry there.
 
 usage (from the repository root):
-    python -m studies.benchmark_speed      # base, deep, len128, len512 -> docs/benchmarks/speed.json
+    python -m studies.benchmark_speed   # base, deep, len128/512/1024 -> docs/benchmarks/speed.json
     python -m studies.benchmark_speed --configs toy --repeats 2 --json /tmp/speed.json
 """
 
@@ -34,7 +36,7 @@ from typing import Dict
 import torch
 
 from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
-from .bench_models import VARIANTS, Bench, dummy_dictionary, make_batch
+from .bench_models import VARIANTS, Bench, dummy_dictionary, make_batch, quiet_route_logs
 from .runs import config, write_json
 from .tables import md_table
 
@@ -52,6 +54,8 @@ CONFIGS = {
                    train_batch=4, src_len=128, tgt_len=128, gen_batch=None, gen_len=None),
     "len512": dict(enc_layers=6, dec_layers=6, width=256, ffn=1024, heads=4, vocab=8000,
                    train_batch=1, src_len=512, tgt_len=512, gen_batch=None, gen_len=None),
+    "len1024": dict(enc_layers=6, dec_layers=6, width=256, ffn=1024, heads=4, vocab=8000,
+                    train_batch=1, src_len=1024, tgt_len=1024, gen_batch=None, gen_len=None),
     "toy": dict(enc_layers=2, dec_layers=2, width=32, ffn=64, heads=2, vocab=100,
                 train_batch=4, src_len=8, tgt_len=8, gen_batch=2, gen_len=6),
 }  # fmt: skip
@@ -66,7 +70,10 @@ def config_label(cfg: Dict) -> str:
 
 
 RATIOS = [
-    ("realformer", "vanilla"),  # the targets apply to this row
+    ("realformer", "vanilla"),  # the targets apply to this row (the default route, auto)
+    ("realformer_eager", "vanilla"),  # the routes of the residual score chains, side by side
+    ("realformer_concat", "vanilla"),
+    ("realformer", "realformer_eager"),  # what auto gains over the eager route
     ("vanilla_eager", "vanilla"),  # fused-kernel gain in training; generation: same code (noise)
     ("realformer", "vanilla_eager"),
     ("realformer", "admin"),  # cost of residual attention
@@ -77,8 +84,10 @@ RATIOS = [
 TARGETS = {  # realformer/vanilla, per config
     "base": {"train_wps": 1.00, "gen_sents_per_s": 0.95, "peak_memory": 1.15},
     "deep": {"train_wps": 0.97, "gen_sents_per_s": 0.95, "peak_memory": 1.15},
-    "len128": {"train_wps": 0.95, "peak_memory": 1.15},
-    "len512": {"train_wps": 0.95, "peak_memory": 1.15},
+    # the auto route's targets at long lengths (memory <= 1.05 x fairseq's)
+    "len128": {"train_wps": 0.95, "peak_memory": 1.05},
+    "len512": {"train_wps": 0.95, "peak_memory": 1.05},
+    "len1024": {"train_wps": 0.95, "peak_memory": 1.05},
 }
 
 
@@ -183,7 +192,10 @@ def format_tables(report: Dict) -> str:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--configs", nargs="+", choices=list(CONFIGS), default=["base", "deep", "len128", "len512"]
+        "--configs",
+        nargs="+",
+        choices=list(CONFIGS),
+        default=["base", "deep", "len128", "len512", "len1024"],
     )
     p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS))
     p.add_argument("--repeats", type=int, default=5, help="interleaved rounds (median taken)")
@@ -204,6 +216,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> Dict:
     args = parse_args(argv)
+    quiet_route_logs()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     t0 = time.time()

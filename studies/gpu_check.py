@@ -15,6 +15,14 @@ Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.
    ``transformer`` (``vanilla``) at 6L-6L and 60L-12L (d512), fp16 and bf16, 5000-token batches
    of sentence lengths 32 and 128, interleaved in one process (``bench_measure``);
 3. beam-5 generation sentences/s of the same pairs.
+4. The routes of the residual score chains (``--residual-attention-impl``), so that the first
+   GPU tells which one wins there (``auto`` runs eager on GPUs until it is measured): training
+   words/s and peak memory of ``realformer_eager``, ``realformer_concat`` and ``realformer``
+   (auto) against ``vanilla`` at 6L-6L d512 (head size 64), fp16 and bf16, lengths 128, 512 and
+   2048; the switch depth of ``studies.concat_rule`` (chains of 6 and 12 layers: time of the
+   first D layers fused, the rest eager, against all eager) with the SDPA kernel that ran; and
+   a precision check of both routes against float64 (fp16, bf16, and float32 against the eager
+   route), with a fully padded sequence whose rows must stay finite.
 
 Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 1
 fails. ``--smoke`` runs the same code on CPU at toy sizes (the default test suite does).
@@ -41,8 +49,9 @@ import torch
 
 from realformer_fairseq.atomic_files import write_json_atomic
 
+from . import concat_rule
 from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
-from .bench_models import Bench, dummy_dictionary, make_batch
+from .bench_models import Bench, dummy_dictionary, make_batch, quiet_route_logs
 from .runs import BIN, DEFAULT_DATA, REPO_ROOT, user_dir
 
 MODELS_60_12 = ("realformer_wmt_en_fr_60_12", "admin_transformer_wmt_en_fr_60_12")
@@ -54,6 +63,12 @@ FULL = dict(
            "60L-12L d512": dict(enc_layers=60, dec_layers=12, width=512, ffn=2048, heads=8)},
     vocab=8000, lengths=(32, 128), batch_tokens=5000, gen_sentences=64, repeats=3, steps=3,
     variants=("vanilla", "realformer"), baseline="vanilla",
+    routes=dict(sizes={"6L-6L d512": dict(enc_layers=6, dec_layers=6, width=512, ffn=2048,
+                                          heads=8)},
+                lengths=(128, 512, 2048), batch_tokens=8192, repeats=3, steps=2,
+                variants=("vanilla", "realformer_eager", "realformer_concat", "realformer"),
+                rule_layers=(6, 12), rule_lengths=(128, 512, 2048), rule_tokens=8192,
+                rule_heads=8, rule_head_dim=64, precision_length=64),
 )  # fmt: skip
 SMOKE = dict(
     FULL, corpora=("newstest2013",), max_lines=600, bpe_merges=100, max_update=20,
@@ -65,6 +80,11 @@ SMOKE = dict(
     max_tokens=300, warmup=5, log_interval=4, device="cpu",
     sizes={"2L-2L d32": dict(enc_layers=2, dec_layers=2, width=32, ffn=64, heads=2)},
     vocab=100, lengths=(8, 16), batch_tokens=64, gen_sentences=2, repeats=1, steps=1,
+    routes=dict(sizes={"2L-2L d32": dict(enc_layers=2, dec_layers=2, width=32, ffn=64, heads=2)},
+                lengths=(8, 16), batch_tokens=64, repeats=1, steps=1,
+                variants=("vanilla", "realformer_eager", "realformer_concat", "realformer"),
+                rule_layers=(2,), rule_lengths=(8, 16), rule_tokens=64, rule_heads=2,
+                rule_head_dim=16, precision_length=8),
 )  # fmt: skip
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -169,9 +189,11 @@ def training_part(cfg, work: Path) -> dict:
     return result
 
 
-def speed_part(cfg) -> dict:
+def speed_part(cfg, part=None, generation: bool = True) -> dict:
     """Each variant against the baseline (realformer vs vanilla) per size, dtype and sentence
-    length, interleaved."""
+    length, interleaved; ``part`` (e.g. ``cfg["routes"]``) overrides sizes, lengths, batch,
+    repeats and variants."""
+    cfg = dict(cfg, **(part or {}))
     device, rows = cfg["device"], {}
     dictionary = dummy_dictionary(cfg["vocab"])
     for size_name, sizes in cfg["sizes"].items():
@@ -185,17 +207,20 @@ def speed_part(cfg) -> dict:
                                  seed=2, device=device)  # fmt: skip
                 for bench in benches.values():  # warm-up; ADMIN profiles on the first step
                     bench.train_step(train)
-                    bench.generate(gen, length)
+                    if generation:
+                        bench.generate(gen, length)
                 memory = {v: peak_bytes(lambda b=b: b.train_step(train), device) + b.persistent_bytes
                           for v, b in benches.items()}  # fmt: skip
                 wps = interleaved_rates(
                     {v: (lambda b=b: b.train_step(train)) for v, b in benches.items()},
                     {v: train["ntokens"] for v in benches}, cfg["repeats"], cfg["steps"], device,
                 )  # fmt: skip
-                sps = interleaved_rates(
-                    {v: (lambda b=b: b.generate(gen, length)) for v, b in benches.items()},
-                    {v: gen["nsentences"] for v in benches}, cfg["repeats"], 1, device,
-                )  # fmt: skip
+                sps = {v: [float("nan")] for v in benches}
+                if generation:
+                    sps = interleaved_rates(
+                        {v: (lambda b=b: b.generate(gen, length)) for v, b in benches.items()},
+                        {v: gen["nsentences"] for v in benches}, cfg["repeats"], 1, device,
+                    )  # fmt: skip
                 row = {"train_wps": wps, "gen_sents_per_s": sps, "peak_memory_bytes": memory,
                        "batch_sentences": bsz}  # fmt: skip
                 base, row["ratios"] = cfg["baseline"], {}
@@ -206,6 +231,7 @@ def speed_part(cfg) -> dict:
                             "gen_sents_per_s": ratio_of_rates(sps, v, base)["median"],
                             "peak_memory": memory[v] / memory[base],
                         }
+                row["kernels"] = route_kernels(benches)
                 rows[f"{size_name} {dtype_name} len{length}"] = row
             del benches
             if device.startswith("cuda"):
@@ -213,14 +239,103 @@ def speed_part(cfg) -> dict:
     return rows
 
 
+def route_kernels(benches) -> dict:
+    """variant -> what each residual attention module ran last (kernel or eager's reason)."""
+    return {
+        v: sorted({m.last_kernel for m in b.model.modules() if hasattr(m, "last_kernel")})
+        for v, b in benches.items()
+    }
+
+
+def routes_part(cfg) -> dict:
+    """Part 4: the routes at model level, the switch depth per length, and precision."""
+    routes = cfg["routes"]
+    result = {"models": speed_part(cfg, routes, generation=False), "rule": {}, "precision": {}}
+    for dtype_name in DTYPES:
+        for layers in routes["rule_layers"]:
+            args = concat_rule.parse_args([
+                "--lengths", *map(str, routes["rule_lengths"]),
+                "--head-dims", str(routes["rule_head_dim"]), "--layers", str(layers),
+                "--tokens", str(routes["rule_tokens"]), "--heads", str(routes["rule_heads"]),
+                "--repeats", str(cfg["repeats"]), "--device", cfg["device"],
+                "--dtype", dtype_name, "--json", os.devnull,
+            ])  # fmt: skip
+            result["rule"][f"{dtype_name} L{layers}"] = [
+                concat_rule.measure(length, args.head_dims[0], max(1, args.tokens // length), args)
+                for length in args.lengths
+            ]
+    for dtype_name in ("float32", *DTYPES):
+        result["precision"][dtype_name] = precision_check(
+            cfg["device"], concat_rule.DTYPES[dtype_name], routes["precision_length"]
+        )
+    return result
+
+
+def precision_check(device: str, dtype, length: int) -> dict:
+    """A 6-layer self-attention chain (running mean, causal mask, right padding and one fully
+    padded sequence) in ``dtype`` on ``device`` on both routes, against the eager route in
+    float64 on CPU: max error / max |output|, finiteness, the kernels that ran."""
+    from realformer_fairseq.modules.residual_attention import (
+        ConcatRealformerMultiheadAttention,
+        RealformerMultiheadAttention,
+    )
+
+    embed, heads, bsz = 64, 4, 3
+    torch.manual_seed(0)
+    eager64 = [RealformerMultiheadAttention(embed, heads, residual_attention_mode="mean",
+                                            self_attention=True).double() for _ in range(6)]  # fmt: skip
+    x = torch.randn(length, bsz, embed, dtype=torch.float64)
+    causal = torch.triu(torch.full((length, length), float("-inf"), dtype=torch.float64), 1)
+    pad = torch.zeros(bsz, length, dtype=torch.bool)
+    pad[1, length // 2 :] = True
+    pad[2, :] = True
+
+    def run_chain(layers, x, mask, padding):
+        scores = queries = keys = None
+        for idx, m in enumerate(layers):
+            extra = {}
+            if isinstance(m, ConcatRealformerMultiheadAttention):
+                extra = dict(prev_attn_queries=queries, prev_attn_keys=keys)
+            out = m(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False,
+                    prev_attn_scores=scores, layer_idx=idx, **extra)  # fmt: skip
+            x, scores = out[0], out[2]
+            if len(out) == 5:
+                queries, keys = out[3], out[4]
+        return x
+
+    with torch.no_grad():
+        truth = run_chain(eager64, x, causal, pad)
+        result = {}
+        for route in ("eager", "concat"):
+            layers = []
+            for ref in eager64:
+                m = (RealformerMultiheadAttention(embed, heads, residual_attention_mode="mean",
+                                                  self_attention=True) if route == "eager" else
+                     ConcatRealformerMultiheadAttention(embed, heads, residual_attention_mode="mean",
+                                                        residual_attention_impl="concat",
+                                                        self_attention=True))  # fmt: skip
+                m.load_state_dict(ref.state_dict())
+                layers.append(m.to(device=device, dtype=dtype))
+            out = run_chain(layers, x.to(device, dtype), causal.to(device, dtype), pad.to(device))
+            out = out.double().cpu()
+            result[route] = {
+                "max_error_relative": ((out - truth).abs().max() / truth.abs().max()).item(),
+                "finite": bool(torch.isfinite(out).all()),
+                "kernels": sorted({getattr(m, "last_kernel", "eager route") for m in layers}),
+            }
+    return result
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="CPU, toy sizes: the same code path")
     p.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     p.add_argument("--work-dir", type=Path, default=REPO_ROOT / "work_dirs" / "gpu_check")
-    p.add_argument("--parts", nargs="+", choices=("train", "speed"), default=["train", "speed"])
+    p.add_argument("--parts", nargs="+", choices=("train", "speed", "routes"),
+                   default=["train", "speed", "routes"])  # fmt: skip
     args = p.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
+    quiet_route_logs()
     if not args.smoke and not torch.cuda.is_available():
         p.error("no CUDA device; use --smoke for the CPU smoke run")
     torch.manual_seed(0)
@@ -230,6 +345,8 @@ def main(argv=None) -> int:
         report["training"] = training_part(cfg, args.work_dir)
     if "speed" in args.parts:
         report["speed"] = speed_part(cfg)
+    if "routes" in args.parts:
+        report["routes"] = routes_part(cfg)
     report["wall_seconds"] = round(time.time() - t0, 1)
     write_json_atomic(args.out, report)
 
@@ -239,6 +356,19 @@ def main(argv=None) -> int:
         for key, r in row["ratios"].items():
             print(f"| {name} | {key} | {r['train_wps']:.3f} | {r['peak_memory']:.3f} "
                   f"| {r['gen_sents_per_s']:.3f} |")  # fmt: skip
+    routes = report.get("routes", {})
+    for name, row in routes.get("models", {}).items():
+        for key, r in row["ratios"].items():
+            print(f"| routes {name} | {key} | {r['train_wps']:.3f} | {r['peak_memory']:.3f} | - |")
+    for name, rows in routes.get("rule", {}).items():
+        for r in rows:
+            ratios = ", ".join(f"D={d}: {x:.2f}" for d, x in r["time_ratio_vs_eager"].items())
+            print(f"switch depth {name} T={r['length']}: best D={r['best_switch_depth']} "
+                  f"({ratios}; {', '.join(r['concat_kernels'])})")  # fmt: skip
+    for dtype_name, res in routes.get("precision", {}).items():
+        print(f"precision {dtype_name}: " + "; ".join(
+            f"{route} {r['max_error_relative']:.2e} finite={r['finite']} {r['kernels']}"
+            for route, r in res.items()))  # fmt: skip
     checks = report.get("training", {}).get("checks", {})
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'} {name}")

@@ -52,7 +52,7 @@ def test_every_config_reaches_fairseqs_arguments(config):
 
 
 def test_the_issue_sizes_are_measured_by_default():
-    """The default run covers 6L-6L d512 and 60L-12L at length 32 and d256 at 128 and 512."""
+    """The default run covers 6L-6L d512 and 60L-12L at length 32 and d256 at 128, 512, 1024."""
     defaults = benchmark_speed.parse_args([]).configs
     labels = [benchmark_speed.config_label(benchmark_speed.CONFIGS[c]) for c in defaults]
     assert labels == [
@@ -60,6 +60,7 @@ def test_the_issue_sizes_are_measured_by_default():
         "60L-12L d128 ffn512 h4, length 32",
         "6L-6L d256 ffn1024 h4, length 128",
         "6L-6L d256 ffn1024 h4, length 512",
+        "6L-6L d256 ffn1024 h4, length 1024",
     ]
 
 
@@ -72,13 +73,16 @@ def attention_modules(model):
     return [m for modules in chains.values() for m in modules]
 
 
-# variant -> (residual attention on every chain, ADMIN residuals, fairseq's eager path forced)
+# variant -> (residual attention route on every chain or None, ADMIN residuals, fairseq's eager
+# path forced)
 EXPECTED = {
-    "vanilla": (False, None, False),
-    "vanilla_eager": (False, None, True),
-    "realformer": (True, True, False),
-    "postln": (False, False, False),
-    "admin": (False, True, False),
+    "vanilla": (None, None, False),
+    "vanilla_eager": (None, None, True),
+    "realformer": ("auto", True, False),
+    "realformer_eager": ("eager", True, False),
+    "realformer_concat": ("concat", True, False),
+    "postln": (None, False, False),
+    "admin": (None, True, False),
 }
 
 
@@ -93,6 +97,7 @@ def test_each_variant_builds_the_model_it_claims(name, monkeypatch):
         if residual:
             assert isinstance(m, RealformerMultiheadAttention)
             assert m.residual_attention_mode == "mean"
+            assert m.residual_attention_impl == residual
         else:
             assert type(m) is MultiheadAttention
     assert bench.model.encoder.layers[0].fc1.out_features == TOY["ffn"]

@@ -52,8 +52,9 @@ EXPECTED = {
 # the line build_model logs, counted from the built modules
 EXPECTED_BUILT_LINE = {
     "translation": "built --arch realformer_tiny: residual attention layers encoder=2/2 "
-    "decoder=2/2 cross=2/2 (running mean); ADMIN residuals 10/10 (--init-type admin)",
-    "masked_lm": "built --arch {arch}: residual attention layers encoder=2/2 (running sum); "
+    "decoder=2/2 cross=2/2 (running mean, auto route); ADMIN residuals 10/10 (--init-type admin)",
+    "masked_lm": "built --arch {arch}: residual attention layers encoder=2/2 (running sum, "
+    "auto route); "
     "ADMIN residuals 4/4 (--init-type admin)",
 }
 EXPECTED_BUILT_LINE["sentence_prediction"] = EXPECTED_BUILT_LINE["masked_lm"]
@@ -214,6 +215,7 @@ def test_console_training_builds_the_requested_model(trained, family, launcher):
         RealformerSettings(
             residual_chains=frozenset(EXPECTED[family][0]),
             residual_attention_mode=EXPECTED[family][1],
+            residual_attention_impl="auto",
             init_type="admin",
             admin_profile_out=None,
         )
@@ -354,6 +356,7 @@ def test_read_settings_accepts_every_config_type():
     expected = RealformerSettings(
         residual_chains=frozenset({"encoder", "cross"}),
         residual_attention_mode="mean",
+        residual_attention_impl="auto",  # the one flag read with a default where missing
         init_type="admin-closed-form",
         admin_profile_out=None,
     )
@@ -392,13 +395,25 @@ def test_built_model_that_disagrees_with_settings_is_refused():
     cases = [
         (
             {"residual_attention": "decoder,cross", "residual_attention_mode": "mean"},
-            "chain 'encoder' layer 0 has RealformerMultiheadAttention, but residual "
+            "chain 'encoder' layer 0 has ConcatRealformerMultiheadAttention, but residual "
             "attention is off for this chain",
         ),
         (
             {"residual_attention": "all", "residual_attention_mode": "sum"},
             "chain 'encoder' layer 0 uses the running mean, the config asks for the running sum",
         ),
+        (
+            {"residual_attention": "all", "residual_attention_mode": "mean",
+             "residual_attention_impl": "concat"},
+            "chain 'encoder' layer 0 has ConcatRealformerMultiheadAttention with the auto "
+            "route, the config asks for --residual-attention-impl concat",
+        ),  # fmt: skip
+        (
+            {"residual_attention": "all", "residual_attention_mode": "mean",
+             "residual_attention_impl": "eager"},
+            "chain 'encoder' layer 0 has ConcatRealformerMultiheadAttention with the auto "
+            "route, the config asks for --residual-attention-impl eager",
+        ),  # fmt: skip
         (
             {
                 "residual_attention": "all",

@@ -122,3 +122,29 @@ def test_gpu_check_smoke(tmp_path):
             row["ratios"]["realformer/vanilla"]["peak_memory"]
             == memory["realformer"] / memory["vanilla"]
         )
+
+
+def test_routes_part_measures_the_three_routes_and_their_precision():
+    """Part 4 at smoke sizes on CPU (the same code as on a GPU): every route beside fairseq's
+    transformer, the kernels that ran, the switch depths, and a precision check whose fully
+    padded sequence stays finite; the concat route fused where it could."""
+    result = gpu_check.routes_part(gpu_check.SMOKE)
+    rows = result["models"]
+    assert set(rows) == {f"2L-2L d32 {d} len{n}" for d in ("fp16", "bf16") for n in (8, 16)}
+    for row in rows.values():
+        assert set(row["ratios"]) == {
+            f"{v}/vanilla" for v in ("realformer_eager", "realformer_concat", "realformer")
+        }
+        assert all(r["train_wps"] > 0 and r["peak_memory"] > 0 for r in row["ratios"].values())
+        # the eager variant never fuses; auto on CPU in half precision runs eager (unmeasured)
+        assert not any("fused" in k for k in row["kernels"]["realformer_eager"])
+        assert not any("fused" in k for k in row["kernels"]["realformer"])
+    for rule_rows in result["rule"].values():
+        for r in rule_rows:
+            assert set(r["time_ratio_vs_eager"]) == {0, 1, 2} and r["time_ratio_vs_eager"][0] == 1
+    for dtype, res in result["precision"].items():
+        assert res["eager"]["finite"] and res["concat"]["finite"], dtype
+        assert res["concat"]["kernels"] == ["fused SDPA, flash"], dtype
+        bound = {"float32": 1e-5, "fp16": 5e-3, "bf16": 5e-2}[dtype]
+        assert res["eager"]["max_error_relative"] < bound, dtype
+        assert res["concat"]["max_error_relative"] < bound, dtype

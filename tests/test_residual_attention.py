@@ -15,7 +15,7 @@ from harness import (
     random_batch,
 )
 
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention, stream_of
 
 
 def record_attention(module, records):
@@ -73,13 +73,17 @@ def reference_chain(modules, records, mode):
     return results
 
 
+@pytest.mark.parametrize("impl", ["eager", "concat"])
 @pytest.mark.parametrize("mode", ["sum", "mean"])
-def test_module_matches_loop_reference_on_all_three_chains(mode):
+def test_module_matches_loop_reference_on_all_three_chains(mode, impl):
+    """Both routes against the loop reference; the concat route's stream is the one its
+    carried queries and keys stand for (``stream_of``) where the chain is fused."""
     torch.manual_seed(0)
     model, dictionary = build_translation_model(
         "realformer_tiny",
         init_type="default",
         residual_attention_mode=mode,
+        residual_attention_impl=impl,
         encoder_layers=3,
         decoder_layers=3,
         **NO_DROPOUT,
@@ -113,7 +117,9 @@ def test_module_matches_loop_reference_on_all_three_chains(mode):
         assert recs[0]["kwargs"]["key_padding_mask"] is not None
         reference = reference_chain(modules, recs, mode)
         for layer, (rec, (ref_out, ref_stream)) in enumerate(zip(recs, reference)):
-            out, _, scores = rec["output"]
+            out, scores = rec["output"][0], rec["output"][2]
+            if impl == "concat" and scores is None:
+                scores = stream_of(*rec["output"][3:])
             torch.testing.assert_close(out, ref_out, atol=1e-6, rtol=0, msg=f"{name} layer {layer}")
             torch.testing.assert_close(scores, ref_stream, atol=1e-6, rtol=0)
             # the stream is the running *sum* of raw scores: finite everywhere,

@@ -249,7 +249,9 @@ def set_defaults(args, defaults: Dict[str, Any]):
 
 
 def realformer_flag_defaults(args, residual_attention: str, mode: str, init_type: str):
-    """Defaults of the plugin's own flags; ``mode`` only where some chain is on.
+    """Defaults of the plugin's own flags; ``mode`` and ``residual_attention_impl`` (``auto``)
+    only where some chain is on (a checkpoint saved before the impl flag existed gets ``auto``,
+    which computes what it computed then).
 
     ``residual_attention`` is not parsed here: fairseq calls arch functions while
     parsing the command line, outside build_model's one-line errors;
@@ -265,8 +267,10 @@ def realformer_flag_defaults(args, residual_attention: str, mode: str, init_type
     )
     if args.residual_attention not in (None, "", "none"):
         args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", mode)
+        args.residual_attention_impl = utils.safe_getattr(args, "residual_attention_impl", "auto")
     else:
         args.residual_attention_mode = utils.safe_getattr(args, "residual_attention_mode", None)
+        args.residual_attention_impl = utils.safe_getattr(args, "residual_attention_impl", None)
 
 
 def family_base_architecture(family_name: str, size: Optional[str] = None) -> Callable:

@@ -17,7 +17,10 @@ from torch import nn
 
 from ..errors import RealformerConfigError
 from ..modules.admin import AdminResidual
-from ..modules.residual_attention import RealformerMultiheadAttention
+from ..modules.residual_attention import (
+    ConcatRealformerMultiheadAttention,
+    RealformerMultiheadAttention,
+)
 from ..settings import RealformerSettings, read_realformer_settings
 from .supported_flags import refuse_unsupported_flags
 
@@ -56,7 +59,9 @@ def check_layers_match_settings(
     ``chain_attention`` maps each chain the model has to its attention modules, one
     per layer (``None`` where a layer has none, e.g. no cross-attention). Every module
     of a residual chain must be a :class:`RealformerMultiheadAttention` with the
-    requested mode, and no module of another chain may be; every ADMIN residual in
+    requested mode and route (``--residual-attention-impl``: the eager class for ``eager``,
+    :class:`ConcatRealformerMultiheadAttention` with that value otherwise), and no module
+    of another chain may be one; every ADMIN residual in
     ``model`` must have ``admin`` equal to ``settings.admin`` (and there must be some).
     Raises :class:`RealformerConfigError` naming the first disagreement.
     """
@@ -78,6 +83,16 @@ def check_layers_match_settings(
                     f"uses the running {module.residual_attention_mode}, the config asks for "
                     f"the running {settings.residual_attention_mode}"
                 )
+            impl = getattr(module, "residual_attention_impl", "eager")
+            if got and (
+                impl != settings.residual_attention_impl
+                or isinstance(module, ConcatRealformerMultiheadAttention) != (impl != "eager")
+            ):
+                raise RealformerConfigError(
+                    f"{model_name} disagrees with its config: chain '{chain}' layer {idx} "
+                    f"has {type(module).__name__} with the {impl} route, the config asks for "
+                    f"--residual-attention-impl {settings.residual_attention_impl}"
+                )
     residuals = [m for m in model.modules() if isinstance(m, AdminResidual)]
     if not residuals:
         raise RealformerConfigError(f"{model_name} has no ADMIN residual modules")
@@ -92,7 +107,7 @@ def check_layers_match_settings(
 
 def built_model_summary(chain_attention, residuals, model_name, settings) -> str:
     """One log line counted from the built modules, e.g. ``built --arch realformer_tiny:
-    residual attention layers encoder=2/2 decoder=2/2 cross=2/2 (running mean);
+    residual attention layers encoder=2/2 decoder=2/2 cross=2/2 (running mean, auto route);
     ADMIN residuals 10/10 (--init-type admin)``."""
     counts = []
     for chain, modules in chain_attention.items():
@@ -100,8 +115,15 @@ def built_model_summary(chain_attention, residuals, model_name, settings) -> str
         residual = sum(isinstance(m, RealformerMultiheadAttention) for m in present)
         counts.append(f"{chain}={residual}/{len(present)}")
     mode = settings.residual_attention_mode
+    routes = {
+        getattr(m, "residual_attention_impl", "eager")
+        for modules in chain_attention.values()
+        for m in modules
+        if isinstance(m, RealformerMultiheadAttention)
+    }
+    how = f"running {mode}, {'/'.join(sorted(routes))} route" if mode else "off"
     return (
         f"built {model_name}: residual attention layers {' '.join(counts)} "
-        f"({'running ' + mode if mode else 'off'}); ADMIN residuals "
+        f"({how}); ADMIN residuals "
         f"{sum(m.admin for m in residuals)}/{len(residuals)} (--init-type {settings.init_type})"
     )

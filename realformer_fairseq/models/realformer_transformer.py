@@ -79,7 +79,8 @@ class RealformerTransformerEncoder(TransformerEncoder):
         token_embeddings: Optional[torch.Tensor] = None,
     ):
         """Mirrors fairseq 0.12.3 ``TransformerEncoderBase.forward_scriptable``;
-        the layer loop passes ``prev_attn_scores`` from layer to layer."""
+        the layer loop passes the chain on from layer to layer (the stream
+        ``prev_attn_scores``, or the concat route's queries and keys)."""
         encoder_padding_mask = src_tokens.eq(self.padding_idx)
         has_pads = encoder_padding_mask.any()
 
@@ -89,13 +90,18 @@ class RealformerTransformerEncoder(TransformerEncoder):
         x = x.transpose(0, 1)  # B x T x C -> T x B x C
 
         encoder_states = [x] if return_all_hiddens else []
+        # the chain's carried value: the stream (eager) or the concatenated queries and keys
         attn_scores: Optional[Tensor] = None  # (bsz*heads, src_len, src_len)
+        attn_queries: Optional[Tensor] = None  # (bsz*heads, src_len, (idx+1)*head_dim)
+        attn_keys: Optional[Tensor] = None
         for idx, layer in enumerate(self.layers):
-            x, attn_scores = layer(
+            x, attn_scores, attn_queries, attn_keys = layer(
                 x,
                 encoder_padding_mask=encoder_padding_mask if has_pads else None,
                 prev_attn_scores=attn_scores,
                 layer_idx=idx,
+                prev_attn_queries=attn_queries,
+                prev_attn_keys=attn_keys,
             )
             if return_all_hiddens:
                 encoder_states.append(x)
@@ -127,7 +133,9 @@ class RealformerTransformerDecoder(TransformerDecoder):
     Incremental decoding needs no extra state: at step t the self-attention
     stream is the new query row ``(bsz*heads, 1, t)`` and the cross-attention
     stream ``(bsz*heads, 1, src_len)``; both are recomputed layer by layer from
-    the cached keys, so beam reordering is fairseq's own.
+    the cached keys, so beam reordering is fairseq's own. The concat route needs none
+    either: layer l's concatenated keys at step t are the cached keys (``prev_key``) of
+    layers 0..l, which each layer hands on with its own.
     """
 
     def __init__(
@@ -202,14 +210,28 @@ class RealformerTransformerDecoder(TransformerDecoder):
 
         attn: Optional[Tensor] = None
         inner_states: List[Optional[Tensor]] = [x]
+        # each chain's carried value: the stream (eager) or the concatenated queries and keys
         self_attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, tgt_len)
+        self_attn_queries: Optional[Tensor] = None
+        self_attn_keys: Optional[Tensor] = None
         cross_attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, src_len)
+        cross_attn_queries: Optional[Tensor] = None
+        cross_attn_keys: Optional[Tensor] = None
         for idx, layer in enumerate(self.layers):
             if incremental_state is None and not full_context_alignment:
                 self_attn_mask = self.buffered_future_mask(x)
             else:
                 self_attn_mask = None
-            x, layer_attn, self_attn_scores, cross_attn_scores = layer(
+            (
+                x,
+                layer_attn,
+                self_attn_scores,
+                self_attn_queries,
+                self_attn_keys,
+                cross_attn_scores,
+                cross_attn_queries,
+                cross_attn_keys,
+            ) = layer(
                 x,
                 enc,
                 padding_mask,
@@ -221,6 +243,10 @@ class RealformerTransformerDecoder(TransformerDecoder):
                 prev_self_attn_scores=self_attn_scores,
                 prev_cross_attn_scores=cross_attn_scores,
                 layer_idx=idx,
+                prev_self_attn_queries=self_attn_queries,
+                prev_self_attn_keys=self_attn_keys,
+                prev_cross_attn_queries=cross_attn_queries,
+                prev_cross_attn_keys=cross_attn_keys,
             )
             inner_states.append(x)
             if layer_attn is not None and idx == alignment_layer:

@@ -28,7 +28,7 @@ from torch import Tensor
 from ..errors import RealformerConfigError
 from ..settings import RealformerSettings
 from .admin import AdminResidual
-from .residual_attention import RealformerMultiheadAttention
+from .residual_attention import ConcatRealformerMultiheadAttention, RealformerMultiheadAttention
 
 
 @dataclasses.dataclass
@@ -74,17 +74,33 @@ def settings_of(cfg) -> RealformerSettings:
     return settings
 
 
-def build_residual_attention(layer, embed_dim, num_heads, cfg, **kwargs):
-    """A :class:`RealformerMultiheadAttention` with the arguments fairseq 0.12.3's layers give
-    their ``MultiheadAttention`` (dropout, quant noise)."""
-    return RealformerMultiheadAttention(
-        embed_dim,
-        num_heads,
-        residual_attention_mode=settings_of(cfg).residual_attention_mode,
+def build_residual_attention(layer, embed_dim, num_heads, cfg, chain_layers: int, **kwargs):
+    """The residual attention module of the settings' route, with the arguments fairseq
+    0.12.3's layers give their ``MultiheadAttention`` (dropout, quant noise): a
+    :class:`RealformerMultiheadAttention` for ``--residual-attention-impl eager``, a
+    :class:`ConcatRealformerMultiheadAttention` for ``concat`` and ``auto`` (``chain_layers``,
+    the number of layers of the chain, is ``auto``'s depth)."""
+    settings = settings_of(cfg)
+    fairseq_kwargs = dict(
         dropout=cfg.attention_dropout,
         q_noise=layer.quant_noise,
         qn_block_size=layer.quant_noise_block_size,
         **kwargs,
+    )
+    if settings.residual_attention_impl == "eager":
+        return RealformerMultiheadAttention(
+            embed_dim,
+            num_heads,
+            residual_attention_mode=settings.residual_attention_mode,
+            **fairseq_kwargs,
+        )
+    return ConcatRealformerMultiheadAttention(
+        embed_dim,
+        num_heads,
+        residual_attention_mode=settings.residual_attention_mode,
+        residual_attention_impl=settings.residual_attention_impl,
+        chain_layers=chain_layers,
+        **fairseq_kwargs,
     )
 
 
@@ -110,12 +126,13 @@ class RealformerEncoderLayer(FeedForwardSublayer, TransformerEncoderLayer):
     """fairseq's :class:`TransformerEncoderLayer` with a residual self-attention chain
     (``"encoder"``) and ADMIN residuals."""
 
-    __constants__ = ["residual_self_attention"]
+    __constants__ = ["residual_self_attention", "concat_self_attention"]
 
     def __init__(self, cfg: RealformerTransformerConfig):
         settings = settings_of(cfg)
         super().__init__(cfg)
         self.residual_self_attention = isinstance(self.self_attn, RealformerMultiheadAttention)
+        self.concat_self_attention = isinstance(self.self_attn, ConcatRealformerMultiheadAttention)
         self.self_attn_residual = AdminResidual(self.embed_dim, settings.admin, chain="encoder")
         self.ffn_residual = AdminResidual(self.embed_dim, settings.admin, chain="encoder")
 
@@ -123,8 +140,9 @@ class RealformerEncoderLayer(FeedForwardSublayer, TransformerEncoderLayer):
         if not settings_of(cfg).residual("encoder"):
             return super().build_self_attention(embed_dim, cfg)
         return build_residual_attention(
-            self, embed_dim, cfg.encoder.attention_heads, cfg, self_attention=True
-        )
+            self, embed_dim, cfg.encoder.attention_heads, cfg, cfg.encoder.layers,
+            self_attention=True,
+        )  # fmt: skip
 
     def forward(
         self,
@@ -133,16 +151,21 @@ class RealformerEncoderLayer(FeedForwardSublayer, TransformerEncoderLayer):
         attn_mask: Optional[Tensor] = None,
         prev_attn_scores: Optional[Tensor] = None,
         layer_idx: int = 0,
-    ) -> Tuple[Tensor, Optional[Tensor]]:
+        prev_attn_queries: Optional[Tensor] = None,
+        prev_attn_keys: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
         """Mirrors fairseq 0.12.3 ``TransformerEncoderLayerBase.forward`` with the score
-        stream and ADMIN residuals added (``return_fc`` is not supported).
+        chain and ADMIN residuals added (``return_fc`` is not supported).
 
         Args:
             x: (seq_len, bsz, embed_dim)
             prev_attn_scores: (bsz*heads, seq_len, seq_len) float32, or None
+            prev_attn_queries, prev_attn_keys: the chain's concatenated queries and keys
+                (concat route), or None
 
         Returns:
-            ``(x, attn_scores)``; ``attn_scores`` is None when the chain is off.
+            ``(x, attn_scores, attn_queries, attn_keys)``: what the chain carries on (see
+            :class:`ConcatRealformerMultiheadAttention`); all None when the chain is off.
         """
         if attn_mask is not None:
             attn_mask = attn_mask.masked_fill(
@@ -152,7 +175,22 @@ class RealformerEncoderLayer(FeedForwardSublayer, TransformerEncoderLayer):
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
         attn_scores: Optional[Tensor] = None  # (bsz*heads, seq_len, seq_len)
-        if self.residual_self_attention:
+        attn_queries: Optional[Tensor] = None  # (bsz*heads, seq_len, (l+1)*head_dim)
+        attn_keys: Optional[Tensor] = None
+        if self.concat_self_attention:
+            x, _, attn_scores, attn_queries, attn_keys = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=encoder_padding_mask,
+                need_weights=False,
+                attn_mask=attn_mask,
+                prev_attn_scores=prev_attn_scores,
+                layer_idx=layer_idx,
+                prev_attn_queries=prev_attn_queries,
+                prev_attn_keys=prev_attn_keys,
+            )
+        elif self.residual_self_attention:
             x, _, attn_scores = self.self_attn(
                 query=x,
                 key=x,
@@ -176,14 +214,19 @@ class RealformerEncoderLayer(FeedForwardSublayer, TransformerEncoderLayer):
         x = self.self_attn_residual(x, residual)
         if not self.normalize_before:
             x = self.self_attn_layer_norm(x)
-        return self.feed_forward_sublayer(x), attn_scores
+        return self.feed_forward_sublayer(x), attn_scores, attn_queries, attn_keys
 
 
 class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
     """fairseq's :class:`TransformerDecoderLayer` with residual self-attention
     (``"decoder"``) and cross-attention (``"cross"``) chains and ADMIN residuals."""
 
-    __constants__ = ["residual_self_attention", "residual_cross_attention"]
+    __constants__ = [
+        "residual_self_attention",
+        "residual_cross_attention",
+        "concat_self_attention",
+        "concat_cross_attention",
+    ]
 
     def __init__(
         self,
@@ -201,6 +244,10 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
         )
         self.residual_self_attention = isinstance(self.self_attn, RealformerMultiheadAttention)
         self.residual_cross_attention = isinstance(self.encoder_attn, RealformerMultiheadAttention)
+        self.concat_self_attention = isinstance(self.self_attn, ConcatRealformerMultiheadAttention)
+        self.concat_cross_attention = isinstance(
+            self.encoder_attn, ConcatRealformerMultiheadAttention
+        )
         self.self_attn_residual = AdminResidual(self.embed_dim, settings.admin, chain="decoder")
         self.encoder_attn_residual = (
             AdminResidual(self.embed_dim, settings.admin, chain="decoder")
@@ -217,6 +264,7 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
             embed_dim,
             cfg.decoder.attention_heads,
             cfg,
+            cfg.decoder.layers,
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
             self_attention=True,
@@ -230,6 +278,7 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
             embed_dim,
             cfg.decoder.attention_heads,
             cfg,
+            cfg.decoder.layers,
             kdim=cfg.encoder.embed_dim,
             vdim=cfg.encoder.embed_dim,
             encoder_decoder_attention=True,
@@ -248,7 +297,20 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
         prev_self_attn_scores: Optional[Tensor] = None,
         prev_cross_attn_scores: Optional[Tensor] = None,
         layer_idx: int = 0,
-    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        prev_self_attn_queries: Optional[Tensor] = None,
+        prev_self_attn_keys: Optional[Tensor] = None,
+        prev_cross_attn_queries: Optional[Tensor] = None,
+        prev_cross_attn_keys: Optional[Tensor] = None,
+    ) -> Tuple[
+        Tensor,
+        Optional[Tensor],
+        Optional[Tensor],
+        Optional[Tensor],
+        Optional[Tensor],
+        Optional[Tensor],
+        Optional[Tensor],
+        Optional[Tensor],
+    ]:
         """Mirrors fairseq 0.12.3 ``TransformerDecoderLayerBase.forward`` (without
         cross-self-attention, NormFormer scaling, ONNX export and ``prev_self_attn_state``,
         which the model refuses at start-up) with both score streams and ADMIN residuals.
@@ -258,9 +320,13 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
             prev_self_attn_scores: (bsz*heads, tgt_len, tgt_len) or, per
                 incremental step, (bsz*heads, 1, t)
             prev_cross_attn_scores: (bsz*heads, tgt_len, src_len)
+            prev_*_attn_queries, prev_*_attn_keys: each chain's concatenated queries and
+                keys (concat route, see :class:`ConcatRealformerMultiheadAttention`), or None
 
         Returns:
-            ``(x, attn, self_attn_scores, cross_attn_scores)``
+            ``(x, attn, self_attn_scores, self_attn_queries, self_attn_keys,
+            cross_attn_scores, cross_attn_queries, cross_attn_keys)``: ``attn`` as fairseq's,
+            then what each chain carries on (None where a chain is off)
         """
         if need_head_weights:
             need_attn = True
@@ -269,7 +335,23 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
         if self.normalize_before:
             x = self.self_attn_layer_norm(x)
         self_attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, tgt_len)
-        if self.residual_self_attention:
+        self_attn_queries: Optional[Tensor] = None
+        self_attn_keys: Optional[Tensor] = None
+        if self.concat_self_attention:
+            x, _, self_attn_scores, self_attn_queries, self_attn_keys = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=self_attn_padding_mask,
+                incremental_state=incremental_state,
+                need_weights=False,
+                attn_mask=self_attn_mask,
+                prev_attn_scores=prev_self_attn_scores,
+                layer_idx=layer_idx,
+                prev_attn_queries=prev_self_attn_queries,
+                prev_attn_keys=prev_self_attn_keys,
+            )
+        elif self.residual_self_attention:
             x, _, self_attn_scores = self.self_attn(
                 query=x,
                 key=x,
@@ -298,13 +380,36 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
 
         attn: Optional[Tensor] = None
         cross_attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, src_len)
+        cross_attn_queries: Optional[Tensor] = None
+        cross_attn_keys: Optional[Tensor] = None
         if self.encoder_attn is not None and encoder_out is not None:
             residual = x
             if self.normalize_before:
                 assert self.encoder_attn_layer_norm is not None
                 x = self.encoder_attn_layer_norm(x)
             need_weights = need_attn or (not self.training and self.need_attn)
-            if self.residual_cross_attention:
+            if self.concat_cross_attention:
+                (
+                    x,
+                    attn,
+                    cross_attn_scores,
+                    cross_attn_queries,
+                    cross_attn_keys,
+                ) = self.encoder_attn(
+                    query=x,
+                    key=encoder_out,
+                    value=encoder_out,
+                    key_padding_mask=encoder_padding_mask,
+                    incremental_state=incremental_state,
+                    static_kv=True,
+                    need_weights=need_weights,
+                    need_head_weights=need_head_weights,
+                    prev_attn_scores=prev_cross_attn_scores,
+                    layer_idx=layer_idx,
+                    prev_attn_queries=prev_cross_attn_queries,
+                    prev_attn_keys=prev_cross_attn_keys,
+                )
+            elif self.residual_cross_attention:
                 x, attn, cross_attn_scores = self.encoder_attn(
                     query=x,
                     key=encoder_out,
@@ -334,7 +439,16 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
             if not self.normalize_before:
                 assert self.encoder_attn_layer_norm is not None
                 x = self.encoder_attn_layer_norm(x)
-        return self.feed_forward_sublayer(x), attn, self_attn_scores, cross_attn_scores
+        return (
+            self.feed_forward_sublayer(x),
+            attn,
+            self_attn_scores,
+            self_attn_queries,
+            self_attn_keys,
+            cross_attn_scores,
+            cross_attn_queries,
+            cross_attn_keys,
+        )
 
 
 def every_layer(layers: torch.nn.ModuleList) -> List[torch.nn.Module]:

@@ -13,13 +13,17 @@ carries the raw, unmasked sum, always in float32 (a 60-layer sum of half-precisi
 scores overflows or loses precision).
 """
 
+import logging
 from typing import Dict, Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from ..settings import RESIDUAL_ATTENTION_MODES
+
+logger = logging.getLogger(__name__)
 
 # Large negative but finite: masked entries still get exactly zero probability,
 # while a row whose keys are all masked (a fully padded sequence) softmaxes to a
@@ -67,6 +71,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
             )
         super().__init__(embed_dim, num_heads, **kwargs)
         self.residual_attention_mode = residual_attention_mode
+        self.residual_attention_impl = "eager"  # the route (the subclass: concat or auto)
         self.mask_value = _MASK_VALUE  # an attribute: TorchScript reads no module globals
         # a list, not an int attribute: assigning to a Module attribute goes through
         # nn.Module.__setattr__, a measurable cost per incremental decoding step
@@ -103,10 +108,33 @@ class RealformerMultiheadAttention(MultiheadAttention):
             need_weights = True
         if not torch.jit.is_scripting():
             self._calls[0] += 1
-
         tgt_len, bsz, embed_dim = query.size()
         assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
+        q, k, v, key_padding_mask, kv_bsz = self._project_heads(
+            query, key, value, key_padding_mask, incremental_state, static_kv
+        )
+        raw_scores = self._raw_scores(q, k, bsz, kv_bsz)
+        attn_scores = self._add_to_stream(raw_scores, prev_attn_scores)
+        attn, attn_weights = self._attend_stream(
+            attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
+            need_weights, need_head_weights,
+        )  # fmt: skip
+        return attn, attn_weights, attn_scores
 
+    def _project_heads(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+        static_kv: bool,
+    ) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor], int]:
+        """Scaled queries ``(bsz*heads, tgt_len, head_dim)``, keys and values
+        ``(kv_bsz*heads, src_len, head_dim)`` with fairseq's incremental state read and
+        updated, the key padding mask ``(kv_bsz, src_len)`` (or None) and ``kv_bsz``
+        (``bsz / beam_size`` where the beams of a sentence share its encoder keys)."""
+        tgt_len, bsz, _ = query.size()
         saved_state: Optional[Dict[str, Optional[Tensor]]] = None
         if incremental_state is not None:
             saved_state = self._get_input_buffer(incremental_state)
@@ -182,22 +210,26 @@ class RealformerMultiheadAttention(MultiheadAttention):
             assert incremental_state is not None
             incremental_state = self._set_input_buffer(incremental_state, saved_state)
         assert k is not None and v is not None
-        src_len = k.size(1)
         if key_padding_mask is not None and key_padding_mask.dim() == 0:
             key_padding_mask = None
-        shared_kv = self.encoder_decoder_attention and bsz != kv_bsz
+        return q, k, v, key_padding_mask, kv_bsz
 
-        # raw scores of this layer plus the stream so far: the stream is at least float32
-        # (float64 stays float64); the sum is added in place into this layer's fresh product
-        if shared_kv:  # as fairseq: beams of one sentence against its keys
+    def _raw_scores(self, q: Tensor, k: Tensor, bsz: int, kv_bsz: int) -> Tensor:
+        """``q k^T`` per head, ``(bsz*heads, tgt_len, src_len)``, in the inputs' dtype."""
+        if self.encoder_decoder_attention and bsz != kv_bsz:
+            # as fairseq: beams of one sentence against its keys
             raw_scores = torch.einsum(
                 "bxhtd,bhsd->bxhts",
                 q.view((kv_bsz, -1, self.num_heads) + q.size()[1:]),
                 k.view((kv_bsz, self.num_heads) + k.size()[1:]),
             )
-            raw_scores = raw_scores.reshape((-1,) + raw_scores.size()[-2:])
-        else:
-            raw_scores = torch.bmm(q, k.transpose(1, 2))  # (bsz*heads, tgt_len, src_len)
+            return raw_scores.reshape((-1,) + raw_scores.size()[-2:])
+        return torch.bmm(q, k.transpose(1, 2))
+
+    def _add_to_stream(self, raw_scores: Tensor, prev_attn_scores: Optional[Tensor]) -> Tensor:
+        """This layer's raw scores plus the stream so far: the stream is at least float32
+        (float64 stays float64); the sum is added in place into this layer's fresh product
+        (autograd keeps ``q`` and ``k`` for the product's backward, not the product)."""
         attn_scores = raw_scores
         if raw_scores.dtype != torch.float32 and raw_scores.dtype != torch.float64:
             attn_scores = raw_scores.float()
@@ -212,7 +244,26 @@ class RealformerMultiheadAttention(MultiheadAttention):
                     + "all layers of a chain need the same number of heads"
                 )
             attn_scores.add_(prev_attn_scores.to(attn_scores.dtype))
+        return attn_scores
 
+    def _attend_stream(
+        self,
+        attn_scores: Tensor,
+        raw_scores: Tensor,
+        v: Tensor,
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        bsz: int,
+        kv_bsz: int,
+        layer_idx: int,
+        need_weights: bool,
+        need_head_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor]]:
+        """softmax over the masked stream (divided by ``layer_idx + 1`` for the running
+        mean), attention dropout, the values and the output projection; returns
+        ``(attn, attn_weights)`` as fairseq does."""
+        tgt_len, src_len = attn_scores.size(1), attn_scores.size(2)
+        shared_kv = self.encoder_decoder_attention and bsz != kv_bsz
         # the softmax input: a masked copy, never the stream itself
         logits = attn_scores
         own_copy = False
@@ -247,8 +298,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
             attn = attn.reshape((-1,) + attn.size()[-2:])
         else:
             attn = torch.bmm(attn_probs, v)  # (bsz*heads, tgt_len, head_dim)
-        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim)
-        attn = self.out_proj(attn)
+        attn = self._merge_heads(attn, tgt_len, bsz)
 
         attn_weights: Optional[Tensor] = None
         if need_weights:
@@ -257,4 +307,309 @@ class RealformerMultiheadAttention(MultiheadAttention):
             )
             if not need_head_weights:
                 attn_weights = attn_weights.mean(dim=0)  # average over heads
-        return attn, attn_weights, attn_scores
+        return attn, attn_weights
+
+    def _merge_heads(self, attn: Tensor, tgt_len: int, bsz: int) -> Tensor:
+        """``(bsz*heads, tgt_len, head_dim)`` -> output projection ``(tgt_len, bsz, embed_dim)``."""
+        attn = attn.transpose(0, 1).contiguous().view(tgt_len, bsz, self.embed_dim)
+        return self.out_proj(attn)
+
+
+# torch's SDPBackend numbering, as torch._fused_sdp_choice returns it
+_SDPA_KERNELS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
+
+
+class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
+    """The same residual attention, computed without the score stream where it pays.
+
+    Layer ``l``'s softmax input is ``S_l = sum_{i<=l} Q_i K_i^T / sqrt(d)`` (divided by
+    ``l + 1`` for the running mean), which is ``[Q_0 .. Q_l] [K_0 .. K_l]^T / sqrt(d)``: one
+    attention over the queries and keys of this and all earlier layers of the chain,
+    concatenated along the head dimension. So ``softmax(S_l + mask) V_l`` is
+    ``F.scaled_dot_product_attention(cat(Q_0..Q_l), cat(K_0..K_l), V_l, scale=1 [/(l+1)])``,
+    which runs in PyTorch's fused kernels and never forms a ``T x T`` tensor. Its ``q k``
+    part is ``l + 1`` times wider than one layer's, so it pays at long lengths and shallow
+    depth; ``residual_attention_impl="auto"`` decides by :meth:`concat_pays`.
+
+    A chain is in one of two phases, carried from layer to layer by what ``forward`` returns:
+
+    * **concat**: ``attn_queries`` / ``attn_keys`` are the chain's concatenated scaled
+      queries ``(bsz*heads, tgt_len, (l+1)*head_dim)`` and keys ``(kv_bsz*heads, src_len,
+      (l+1)*head_dim)``; ``attn_scores`` is None. The stream they stand for is
+      ``stream_of(attn_queries, attn_keys)``.
+    * **eager**: from the first layer that cannot or should not run fused (``need_weights``,
+      attention dropout on CPU, a mask that needs a gradient, no fused kernel for the shapes,
+      or ``auto`` finding eager faster), the stream is formed once from the concatenated
+      parts, in the eager route's order and dtype (per layer product, float32 at least, added
+      in layer order), and the chain continues exactly as the eager route: ``attn_scores``
+      is the stream, the queries and keys are None.
+
+    Every switch of kernel is logged at debug level (``realformer_fairseq.modules.
+    residual_attention``), with the reason. Masks are additive float masks with the eager
+    route's finite fill, so a row whose keys are all masked is uniform, as in the eager route
+    (for fp16, whose fill does not absorb the scores, such rows are set to the mean of the
+    values). With attention dropout on CUDA the fused kernel draws its own dropout mask (the
+    same distribution as the eager route's, not the same draw).
+    """
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        residual_attention_mode: str,
+        residual_attention_impl: str = "auto",
+        chain_layers: int = 1,
+        **kwargs,
+    ):
+        if residual_attention_impl not in ("concat", "auto"):
+            raise ValueError(
+                "ConcatRealformerMultiheadAttention computes the 'concat' and 'auto' routes, "
+                f"got {residual_attention_impl!r} (the eager route is RealformerMultiheadAttention)"
+            )
+        super().__init__(embed_dim, num_heads, residual_attention_mode, **kwargs)
+        self.residual_attention_impl = residual_attention_impl
+        self.chain_layers = chain_layers  # layers in this module's chain, for auto's rule
+        self.fp16_mask_value = float(torch.finfo(torch.float16).min)
+        self.bf16_mask_value = float(torch.finfo(torch.bfloat16).min)
+        # the last kernel logged, in a list for the same reason as _calls
+        self._last_kernel = [""]
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+        prev_attn_scores: Optional[Tensor] = None,
+        layer_idx: int = 0,
+        prev_attn_queries: Optional[Tensor] = None,
+        prev_attn_keys: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        """As :meth:`RealformerMultiheadAttention.forward`, with the concat phase's carried
+        queries and keys in and out: returns ``(attn, attn_weights, attn_scores,
+        attn_queries, attn_keys)``, where either ``attn_scores`` (eager phase) or
+        ``attn_queries`` and ``attn_keys`` (concat phase) are set."""
+        if before_softmax:
+            raise ValueError("use the returned attn_scores instead of before_softmax")
+        if need_head_weights:
+            need_weights = True
+        if not torch.jit.is_scripting():
+            self._calls[0] += 1
+        tgt_len, bsz, embed_dim = query.size()
+        assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
+        q, k, v, key_padding_mask, kv_bsz = self._project_heads(
+            query, key, value, key_padding_mask, incremental_state, static_kv
+        )
+        if prev_attn_scores is not None:  # the chain is in its eager phase
+            if not torch.jit.is_scripting():
+                self._last_kernel[0] = "eager, the chain's stream"
+            raw_scores = self._raw_scores(q, k, bsz, kv_bsz)
+            attn_scores = self._add_to_stream(raw_scores, prev_attn_scores)
+            attn, attn_weights = self._attend_stream(
+                attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
+                need_weights, need_head_weights,
+            )  # fmt: skip
+            return attn, attn_weights, attn_scores, None, None
+
+        queries = q if prev_attn_queries is None else torch.cat([prev_attn_queries, q], dim=-1)
+        keys = k if prev_attn_keys is None else torch.cat([prev_attn_keys, k], dim=-1)
+        src_len = k.size(1)
+        dropout_p = 0.0
+        if self.training or self.dropout_module.apply_during_inference:
+            dropout_p = self.dropout_module.p
+        reason = self._why_not_fused(
+            q, bsz, kv_bsz, tgt_len, src_len, layer_idx, need_weights, attn_mask, dropout_p
+        )
+        fill = self.mask_value
+        if q.dtype == torch.float16:
+            fill = self.fp16_mask_value
+        elif q.dtype == torch.bfloat16:
+            fill = self.bf16_mask_value
+        kernel = -1
+        mask: Optional[Tensor] = None
+        q4, k4, v4 = queries, keys, v
+        if reason == "":
+            mask = self._additive_mask(
+                key_padding_mask, attn_mask, kv_bsz, tgt_len, src_len, q, fill
+            )
+            q4, k4, v4 = self._heads_first(queries, keys, v, bsz, kv_bsz, tgt_len)
+            scale = 1.0 / float(layer_idx + 1) if self.residual_attention_mode == "mean" else 1.0
+            kernel = torch._fused_sdp_choice(q4, k4, v4, mask, dropout_p, False, scale=scale)
+            if kernel <= 0 and v4.size(-1) != q4.size(-1):
+                # kernels that need one head size for q, k and v (flash; all of them on CPU):
+                # zeros in front of the values, whose share of the output is then dropped
+                v4 = F.pad(v4, (q4.size(-1) - v4.size(-1), 0))
+                kernel = torch._fused_sdp_choice(q4, k4, v4, mask, dropout_p, False, scale=scale)
+            if kernel <= 0:
+                reason = "no fused kernel for these shapes and dtype (SDPA would use math)"
+        if reason != "":
+            if not torch.jit.is_scripting():
+                self._log_kernel(-1, reason, layer_idx)
+            raw_scores, attn_scores = self._stream_of_parts(queries, keys, q, k, bsz, kv_bsz)
+            attn, attn_weights = self._attend_stream(
+                attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
+                need_weights, need_head_weights,
+            )  # fmt: skip
+            return attn, attn_weights, attn_scores, None, None
+
+        if not torch.jit.is_scripting():
+            self._log_kernel(kernel, "", layer_idx)
+        scale = 1.0 / float(layer_idx + 1) if self.residual_attention_mode == "mean" else 1.0
+        out = F.scaled_dot_product_attention(
+            q4, k4, v4, attn_mask=mask, dropout_p=dropout_p, scale=scale
+        )
+        head_dim = v.size(-1)
+        out = out[..., out.size(-1) - head_dim :]
+        if mask is not None and fill > -1e30:
+            # fp16: the fill does not absorb the scores, so rows whose keys are all masked
+            # are set to the eager route's uniform average of the values
+            fully_masked = (mask <= fill).all(dim=-1, keepdim=True)
+            out = torch.where(fully_masked, v4[..., v4.size(-1) - head_dim :].mean(-2, True), out)
+        attn = self._heads_back(out, bsz, kv_bsz, tgt_len)
+        return self._merge_heads(attn, tgt_len, bsz), None, None, queries, keys
+
+    def concat_pays(self, layer_idx: int, tgt_len: int, src_len: int, q: Tensor) -> bool:
+        """``auto``'s rule: does layer ``layer_idx`` run fused? Yes for the first
+        :meth:`concat_depth` layers of the chain."""
+        return layer_idx < self.concat_depth(tgt_len, src_len, q)
+
+    def concat_depth(self, tgt_len: int, src_len: int, q: Tensor) -> int:
+        """How many first layers of this chain ``auto`` runs fused (0: the eager route).
+
+        Measured (docs/benchmarks.md, "Routes of the residual score chains"): on this
+        project's CPU (float32, one thread, training) the concat route was slower than the
+        eager route in every model measured, at every length, depth and head size tried:
+        6L-6L d256 translation at 128/512/1024 tokens (0.76/0.69/0.68 x the eager route's
+        words/s), 6L-6L d512 and 60L-12L at 32 tokens, a 12-layer encoder and a 6-layer LM at
+        128/512/1024. Chains of attention alone (``python -m studies.concat_rule``) win only
+        at 4 layers or fewer from ~1024 tokens (head size 64), and lose at 6 and 12 layers
+        once the machine is quiet: the CPU flash kernel's backward over ``(l + 1) * head_dim``
+        wide heads costs more than the eager route's passes over the stream. Attention dropout
+        on CPU rules the fused kernels out anyway. GPUs and half precision are not measured
+        (``studies/gpu_check.py`` part 4 measures the switch depth there). So ``auto`` runs
+        eager everywhere until a measurement shows a depth that pays; the argument list is
+        what such a rule reads.
+        """
+        return 0
+
+    def _why_not_fused(
+        self,
+        q: Tensor,
+        bsz: int,
+        kv_bsz: int,
+        tgt_len: int,
+        src_len: int,
+        layer_idx: int,
+        need_weights: bool,
+        attn_mask: Optional[Tensor],
+        dropout_p: float,
+    ) -> str:
+        """Why this call runs the eager route ("" where the fused attention may run)."""
+        if need_weights:
+            return "the attention probabilities are asked for (need_weights)"
+        if dropout_p > 0.0 and q.device.type == "cpu":
+            return "attention dropout on CPU (no fused CPU kernel draws it)"
+        if attn_mask is not None and attn_mask.requires_grad:
+            return "the attention mask needs a gradient"
+        if attn_mask is not None and bsz != kv_bsz:
+            return "an attention mask with keys shared by the beams"
+        if self.residual_attention_impl == "auto" and not self.concat_pays(
+            layer_idx, tgt_len, src_len, q
+        ):
+            return "auto: the eager route is faster here"
+        return ""
+
+    def _additive_mask(
+        self,
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        kv_bsz: int,
+        tgt_len: int,
+        src_len: int,
+        q: Tensor,
+        fill: float,
+    ) -> Optional[Tensor]:
+        """The eager route's masks as one additive mask in ``q``'s dtype, broadcastable to
+        ``(kv_bsz, heads, tgt_len, src_len)``: the attention mask clamped at ``fill``, and
+        ``fill`` at padded keys (the eager route's finite ``torch.finfo(float32).min``;
+        the dtype's own for fp16/bf16)."""
+        mask: Optional[Tensor] = None
+        if attn_mask is not None:
+            mask = attn_mask.to(q.dtype).clamp(min=fill).view(1, 1, tgt_len, src_len)
+        if key_padding_mask is not None:
+            padding = key_padding_mask.view(kv_bsz, 1, 1, src_len).to(torch.bool)
+            if mask is None:
+                mask = torch.zeros(
+                    (kv_bsz, 1, 1, src_len), dtype=q.dtype, device=q.device
+                ).masked_fill(padding, fill)
+            else:
+                mask = mask.masked_fill(padding, fill)
+        return mask
+
+    def _heads_first(
+        self, queries: Tensor, keys: Tensor, v: Tensor, bsz: int, kv_bsz: int, tgt_len: int
+    ) -> Tuple[Tensor, Tensor, Tensor]:
+        """``(batch, heads, len, dim)`` views for SDPA; where the beams of a sentence share
+        its keys, their queries are laid out one after another along the query axis."""
+        width = queries.size(-1)
+        k4 = keys.view(kv_bsz, self.num_heads, -1, width)
+        v4 = v.view(kv_bsz, self.num_heads, -1, v.size(-1))
+        if bsz != kv_bsz:
+            q4 = queries.view(kv_bsz, -1, self.num_heads, tgt_len, width).transpose(1, 2)
+            q4 = q4.reshape(kv_bsz, self.num_heads, -1, width)
+        else:
+            q4 = queries.view(bsz, self.num_heads, tgt_len, width)
+        return q4, k4, v4
+
+    def _heads_back(self, out: Tensor, bsz: int, kv_bsz: int, tgt_len: int) -> Tensor:
+        """SDPA's output back to ``(bsz*heads, tgt_len, head_dim)``."""
+        head_dim = out.size(-1)
+        if bsz != kv_bsz:
+            out = out.reshape(kv_bsz, self.num_heads, -1, tgt_len, head_dim).transpose(1, 2)
+        return out.reshape(bsz * self.num_heads, tgt_len, head_dim)
+
+    def _stream_of_parts(
+        self, queries: Tensor, keys: Tensor, q: Tensor, k: Tensor, bsz: int, kv_bsz: int
+    ) -> Tuple[Tensor, Tensor]:
+        """This layer's raw scores and the stream ``queries keys^T``, computed as the eager
+        route computes it: each layer's product (its own head-size slice), at least float32,
+        added in layer order."""
+        stream: Optional[Tensor] = None
+        d = self.head_dim
+        for i in range(queries.size(-1) // d - 1):
+            raw = self._raw_scores(
+                queries[:, :, i * d : (i + 1) * d], keys[:, :, i * d : (i + 1) * d], bsz, kv_bsz
+            )
+            stream = self._add_to_stream(raw, stream)
+        raw_scores = self._raw_scores(q, k, bsz, kv_bsz)
+        return raw_scores, self._add_to_stream(raw_scores, stream)
+
+    @torch.jit.unused
+    def _log_kernel(self, kernel: int, reason: str, layer_idx: int):
+        """One debug line each time this module's kernel (or the reason for eager) changes:
+        ``kernel`` is torch's SDPA backend number, ``-1`` with a ``reason`` for eager."""
+        what = f"eager, because {reason}" if reason else f"fused SDPA, {_SDPA_KERNELS[kernel]}"
+        if what != self._last_kernel[0]:
+            self._last_kernel[0] = what
+            logger.debug(
+                "residual attention, %s route, layer %d of its chain: %s",
+                self.residual_attention_impl, layer_idx, what,
+            )  # fmt: skip
+
+    @property
+    def last_kernel(self) -> str:
+        """What the last forward ran (``"fused SDPA, flash"``, ``"eager, because ..."``)."""
+        return self._last_kernel[0]
+
+
+def stream_of(attn_queries: Tensor, attn_keys: Tensor) -> Tensor:
+    """The stream a concat-phase chain stands for, ``(bsz*heads, tgt_len, src_len)``: the
+    running sum of the scaled raw scores of every layer so far (float64 in, float64 out).
+    For tests and tools; the module itself never forms it in the concat phase."""
+    return torch.bmm(attn_queries, attn_keys.transpose(1, 2))
