@@ -19,13 +19,17 @@ if [[ -z "${PYTHON:-}" ]]; then
     fi
 fi
 PYBIN="$(dirname "$PYTHON")"
+# the name in log lines and "NAME: error: ..." lines: a script of another pipeline that sources this
+# file (examples/glue) sets PIPELINE_NAME first; text_tools.py reads it from the environment
+PIPELINE_NAME=${PIPELINE_NAME:-wmt14_en_fr}
+export REALFORMER_PIPELINE_NAME=$PIPELINE_NAME
 SRC=en
 TGT=fr
 
-log() { echo "$(date -u '+%Y-%m-%d %H:%M:%S') | INFO | wmt14_en_fr | $*" >&2; }
-warn() { echo "$(date -u '+%Y-%m-%d %H:%M:%S') | WARNING | wmt14_en_fr | $*" >&2; }
+log() { echo "$(date -u '+%Y-%m-%d %H:%M:%S') | INFO | $PIPELINE_NAME | $*" >&2; }
+warn() { echo "$(date -u '+%Y-%m-%d %H:%M:%S') | WARNING | $PIPELINE_NAME | $*" >&2; }
 die() {
-    echo "wmt14_en_fr: error: $*" >&2
+    echo "$PIPELINE_NAME: error: $*" >&2
     exit 1
 }
 

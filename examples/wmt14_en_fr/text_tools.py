@@ -24,7 +24,8 @@ import time
 import unicodedata
 from typing import Iterator, List, Optional, Sequence
 
-PROG = "wmt14_en_fr"
+# "wmt14_en_fr", or the pipeline whose common.sh sourcing set it (examples/glue: "glue")
+PROG = os.environ.get("REALFORMER_PIPELINE_NAME", "wmt14_en_fr")
 BLOCK = 1 << 22
 
 
