@@ -54,7 +54,8 @@ done
 
 [[ -n "$TASK" ]] || { usage >&2; die "--task is required"; }
 [[ -n "$DATA_BIN" ]] || { usage >&2; die "--data-bin is required (the --dest of prepare.sh)"; }
-eval "$(glue_tools task-info --task "$TASK")" || exit 1
+TASK_INFO="$(glue_tools task-info --task "$TASK")" || exit 1
+eval "$TASK_INFO"
 [[ "$BATCH_SIZE" =~ ^[1-9][0-9]*$ ]] || die "--batch-size must be a positive number, got '$BATCH_SIZE'"
 CANDIDATES=()
 if [[ -n "$CHECKPOINT" && -n "$CHECKPOINT_DIR" ]]; then

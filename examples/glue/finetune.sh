@@ -76,7 +76,8 @@ done
 [[ -n "$TASK" ]] || { usage >&2; die "--task is required"; }
 [[ -n "$DATA_BIN" ]] || { usage >&2; die "--data-bin is required (the --dest of prepare.sh)"; }
 [[ -n "$CHECKPOINT" ]] || { usage >&2; die "--checkpoint is required (the pre-trained model)"; }
-eval "$(glue_tools task-info --task "$TASK")" || exit 1
+TASK_INFO="$(glue_tools task-info --task "$TASK")" || exit 1
+eval "$TASK_INFO"
 for v in BATCH MAX_UPDATE WARMUP MAX_EPOCH SEED LOG_INTERVAL; do
     [[ -z "${!v}" || "${!v}" =~ ^[0-9]+$ ]] || die "--${v,,} must be a whole number, got '${!v}'"
 done
@@ -86,7 +87,8 @@ SAVE_DIR=${SAVE_DIR:-$PWD/glue_checkpoints/$TASK}
 # the model: MODEL_ARCH, MODEL_FLAGS, MODEL_MAX_POSITIONS, MODEL_TYPE_VOCAB_SIZE, MODEL_TASK
 # (the recipe's --dropout / --attention-dropout win over the pre-training run's)
 if [[ -f "$CHECKPOINT" ]]; then
-    eval "$(glue_tools model-flags --checkpoint "$CHECKPOINT" --drop dropout,attention_dropout)" || exit 1
+    MODEL_SH="$(glue_tools model-flags --checkpoint "$CHECKPOINT" --drop dropout,attention_dropout)" || exit 1
+    eval "$MODEL_SH"
     [[ -z "$ARCH" || "$ARCH" == "$MODEL_ARCH" ]] || die "--arch $ARCH: the checkpoint's is $MODEL_ARCH"
     [[ "$MODEL_TASK" != sentence_prediction ]] ||
         warn "$CHECKPOINT is already a sentence_prediction checkpoint (fine-tuned); its classification heads load as well"

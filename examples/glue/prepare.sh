@@ -74,7 +74,8 @@ done
 
 [[ -n "$TASK" ]] || { usage >&2; die "--task is required"; }
 # the task's canonical name and kind (regression or classification)
-eval "$(glue_tools task-info --task "$TASK")" || exit 1
+TASK_INFO="$(glue_tools task-info --task "$TASK")" || exit 1
+eval "$TASK_INFO"
 if [[ -z "$TASK_DIR" ]]; then
     [[ -n "$GLUE_ROOT" ]] || { usage >&2; die "--glue-dir or --task-dir is required"; }
     TASK_DIR="$GLUE_ROOT/$TASK"

@@ -64,7 +64,7 @@ LINES = {
 STSB_LINES = dict(
     {k: v for k, v in LINES.items() if v < 24}, no_epoch_checkpoints=24,
     find_unused_parameters=27, distributed_world_size=28, criterion=31, regression_target=32,
-    **{k: LINES[k] - 2 for k in ("batch_size", "required_batch_size_multiple", "max_tokens",
+    **{k: LINES[k] - 1 for k in ("batch_size", "required_batch_size_multiple", "max_tokens",
        "optimizer", "weight_decay", "adam_betas", "adam_eps", "lr_scheduler", "warmup_updates",
        "clip_norm", "lr", "max_update", "max_epoch", "dropout", "attention_dropout")},
 )  # fmt: skip
