@@ -38,6 +38,10 @@ setup(
         # --tensorboard-logdir: fairseq 0.12 writes with torch.utils.tensorboard, which needs
         # this package (without it fairseq only logs "tensorboard not found" and trains on)
         "tensorboard>=2.10",
+        # realformer-import-tf: BERT's WordPiece tokenisation (HuggingFace's maintained Rust
+        # implementation) and the CRC32-C checks of TensorFlow checkpoint files
+        "tokenizers>=0.13",
+        "google-crc32c>=1.1",
     ],
     extras_require={
         # the figures of realformer-attention-stats (--no-plots needs nothing) and of the
@@ -51,6 +55,8 @@ setup(
         "console_scripts": [
             "realformer-average-checkpoints=realformer_fairseq.cli.average_checkpoints:cli_main",
             "realformer-attention-stats=realformer_fairseq.cli.attention_stats:cli_main",
+            "realformer-import-tf=realformer_fairseq.cli.import_tf:cli_main",
+            "realformer-wordpiece=realformer_fairseq.tf_import.wordpiece:cli_main",
         ]
     },
     classifiers=[

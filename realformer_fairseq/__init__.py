@@ -11,7 +11,9 @@ from .criterions import masked_lm_accuracy  # noqa: F401
 from .models import realformer_lm  # noqa: F401
 from .models import realformer_roberta  # noqa: F401
 from .models import realformer_transformer  # noqa: F401
+from .models import realformer_transformer_align  # noqa: F401
 from .optim import radam  # noqa: F401
+from .tf_import import wordpiece  # noqa: F401 (registers --bpe wordpiece)
 
 fairseq_patches.install()  # the only changes to fairseq itself: see fairseq_patches.py
 

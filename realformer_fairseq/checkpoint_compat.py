@@ -12,16 +12,28 @@ it runs with an *allow-list* of the types fairseq itself writes into checkpoints
 (``torch.serialization.safe_globals``). The restricted unpickler stays on: a
 checkpoint carrying any other object still fails to load, as torch intends; no
 environment variable is needed or set.
+
+The same wrapper turns the error torch gives for a truncated or corrupt file (a
+``RuntimeError`` of its zip reader, ``EOFError`` or a truncated pickle) into a
+:class:`~realformer_fairseq.errors.RealformerCheckpointError` naming the file and its size, so
+that ``fairseq-generate``, ``fairseq-interactive``, ``fairseq-train`` resuming from
+``checkpoint_last.pt`` and ``realformer-attention-stats`` stop with one line instead of a
+traceback (:func:`~realformer_fairseq.errors.one_line_under_fairseq_commands`), and the hub's
+``from_pretrained`` raises it.
 """
 
 import argparse
 import collections
 import enum
 import functools
+import os
+import pickle
 import typing
 
 import numpy as np
 import torch
+
+from .errors import RealformerCheckpointError, one_line_under_fairseq_commands
 
 _PATCHED_FLAG = "_realformer_safe_globals"
 
@@ -76,6 +88,20 @@ def fairseq_checkpoint_globals() -> list:
     return allowed
 
 
+def unreadable_file_reason(err: BaseException):
+    """The first sentence of torch's error when ``err`` says the file itself is unreadable
+    (truncated, not a checkpoint), else ``None`` (e.g. the refusal of a pickled global)."""
+    text = str(err).strip()
+    first = text.split(". ")[0].splitlines()[0] if text else type(err).__name__
+    if isinstance(err, EOFError):
+        return first
+    if isinstance(err, RuntimeError) and text.startswith("PytorchStreamReader failed"):
+        return first
+    if isinstance(err, pickle.UnpicklingError) and ("truncated" in text or "load key" in text):
+        return first
+    return None
+
+
 def install():
     """Wrap ``fairseq.checkpoint_utils.load_checkpoint_to_cpu`` (idempotent)."""
     from fairseq import checkpoint_utils
@@ -85,9 +111,20 @@ def install():
         return
 
     @functools.wraps(original)
-    def load_checkpoint_to_cpu(*args, **kwargs):
-        with torch.serialization.safe_globals(fairseq_checkpoint_globals()):
-            return original(*args, **kwargs)
+    def load_checkpoint_to_cpu(path, *args, **kwargs):
+        try:
+            with torch.serialization.safe_globals(fairseq_checkpoint_globals()):
+                return original(path, *args, **kwargs)
+        except (RuntimeError, EOFError, pickle.UnpicklingError) as err:
+            reason = unreadable_file_reason(err)
+            if reason is None:
+                raise
+            size = os.path.getsize(path) if os.path.isfile(path) else 0
+            raise RealformerCheckpointError(
+                f"{path}: truncated or corrupt checkpoint ({size} bytes; torch.load: {reason}); "
+                "copy or save it again, or use another checkpoint"
+            ) from err
 
+    load_checkpoint_to_cpu = one_line_under_fairseq_commands(load_checkpoint_to_cpu)
     setattr(load_checkpoint_to_cpu, _PATCHED_FLAG, True)
     checkpoint_utils.load_checkpoint_to_cpu = load_checkpoint_to_cpu

@@ -23,6 +23,10 @@ class RealformerConfigError(ValueError):
     """A flag or checkpoint that this plugin cannot use; the message (one line) says why."""
 
 
+class RealformerCheckpointError(RealformerConfigError):
+    """A checkpoint file that cannot be read (truncated, corrupt); the message names it."""
+
+
 def running_a_fairseq_command() -> bool:
     """Is this process a fairseq console command (``fairseq-train``, ``fairseq-hydra-train``,
     ``fairseq-generate``, ``fairseq-interactive``, ``fairseq-eval-lm``, ``fairseq-validate``,

@@ -1,8 +1,8 @@
 """Every change that importing the plugin makes to fairseq 0.12.3, in one place.
 
 fairseq imports a ``--user-dir`` plugin inside each console command before it reads a
-checkpoint or an input line, and offers no extension point for either, so these two
-fairseq functions are wrapped (each wrapper is idempotent, calls fairseq's own function and
+checkpoint or an input line, and offers no extension point for either, so these three
+fairseq functions are wrapped or replaced (each wrapper is idempotent, calls fairseq's own function and
 changes only what its module docstring says). Nothing else in fairseq is changed:
 ``tests/test_package_structure.py::test_importing_the_plugin_changes_only_the_listed_fairseq_functions``
 compares every attribute of every loaded fairseq module before and after the import.
@@ -14,14 +14,22 @@ wrapped                                    fairseq 0.12.3 bug it works around   
 load_checkpoint_to_cpu``                   fairseq's checkpoints hold a Namespace /
                                            DictConfig, so no checkpoint loads. Runs
                                            fairseq's loader with an allow-list of the
-                                           types fairseq writes.
+                                           types fairseq writes. A truncated or corrupt
+                                           file (torch's zip-reader ``RuntimeError``)
+                                           becomes ``RealformerCheckpointError``: one line
+                                           under fairseq's commands.
 ``fairseq_cli.interactive.make_batches``   one input line longer than the model's          :mod:`.interactive_compat`
 (only when ``fairseq_cli.interactive``     source positions ends ``fairseq-interactive``
 is loaded, i.e. under that command)        with a traceback and the rest of the input
                                            is lost. Skips that line with one warning.
+``fairseq_cli.interactive.buffered_read``  ``--input FILE`` is read as strict UTF-8: one   :mod:`.interactive_compat`
+(replaced, same condition)                 byte that is not UTF-8 ends the command with
+                                           a ``UnicodeDecodeError`` before any line is
+                                           translated. Reads the same buffers, with
+                                           U+FFFD and one warning for such a byte.
 =========================================  =============================================  ==========================
 
-Registering the plugin's models, architectures, criterion and optimizer in fairseq's
+Registering the plugin's models, architectures, criterion, optimizer and BPE (``wordpiece``) in fairseq's
 registries is what ``--user-dir`` asks for, and is not a patch.
 """
 

@@ -89,7 +89,39 @@ FLAGS = (
             help="allow --init-type admin* with Pre-LN (ADMIN is meant for Post-LN)",
         ),
     ),
+    # BERT-exact options of the encoder-only model (Google's BERT / RealFormer checkpoints)
+    Flag(
+        "layernorm_eps",
+        dict(
+            type=float,
+            metavar="EPS",
+            help="epsilon of every LayerNorm (default: fairseq's 1e-5; BERT: 1e-12); "
+            "encoder-only models",
+        ),
+    ),
+    Flag(
+        "type_vocab_size",
+        dict(
+            type=int,
+            metavar="N",
+            help="token-type (segment) embeddings for N types, added to the token and position "
+            "embeddings (BERT); where the task passes no ids (fairseq's masked_lm and "
+            "sentence_prediction), a token's type is 0 up to and including the first </s> and 1 "
+            "after it ([CLS] A [SEP] B [SEP]). Default 0: none; encoder-only models",
+        ),
+    ),
+    Flag(
+        "bert_pooler",
+        dict(
+            action="store_true",
+            help="BERT's pooler (dense + --pooler-activation-fn on the first token, "
+            "encoder.pooler); classification heads are pooler -> dropout -> output layer, and a "
+            "new head's dense starts from the pre-trained pooler (BERT's run_classifier); "
+            "encoder-only models",
+        ),
+    ),
 )
+BERT_OPTION_KEYS = ("layernorm_eps", "type_vocab_size", "bert_pooler")
 FLAG_KEYS = tuple(flag.key for flag in FLAGS)
 
 
@@ -107,6 +139,10 @@ class RealformerSettings:
     residual_attention_mode: Optional[str]  # None exactly when no chain is residual
     init_type: str
     admin_profile_out: Optional[str]
+    # BERT options (encoder-only models); the defaults change nothing
+    layernorm_eps: Optional[float] = None  # None: fairseq's LayerNorm default
+    type_vocab_size: int = 0
+    bert_pooler: bool = False
 
     @property
     def admin(self) -> bool:
@@ -161,7 +197,10 @@ def config_value(cfg, key: str, default=_MISSING):
 
 
 def read_realformer_settings(
-    cfg, model_chains: Sequence[str] = RESIDUAL_CHAINS, model_name: str = "this model"
+    cfg,
+    model_chains: Sequence[str] = RESIDUAL_CHAINS,
+    model_name: str = "this model",
+    bert_options: bool = False,
 ) -> RealformerSettings:
     """The plugin's settings from a model config of any type fairseq uses (argparse
     ``Namespace``, omegaconf ``DictConfig``, ``TransformerConfig``, plain ``dict``),
@@ -171,7 +210,9 @@ def read_realformer_settings(
     model, ``("decoder",)`` for the language model): ``residual_attention: all`` means all
     of them, naming another one is an error. The required flags must be present: every
     architecture sets them, so a config without them did not go through an architecture and
-    is refused rather than read as "off". Every combination the model cannot honour raises
+    is refused rather than read as "off". ``bert_options``: the model carries out
+    ``--layernorm-eps``, ``--type-vocab-size`` and ``--bert-pooler`` (the encoder-only
+    model); elsewhere they are refused. Every combination the model cannot honour raises
     :class:`RealformerConfigError`, whose message is one line.
     """
     values = {}
@@ -225,9 +266,30 @@ def read_realformer_settings(
     if values["admin_profile_out"] and init_type != "admin":
         raise RealformerConfigError("--admin-profile-out needs --init-type admin")
 
+    eps, types, pooler = (values[k] for k in BERT_OPTION_KEYS)
+    types = 0 if types is None else types
+    if not bert_options:
+        for flag, given in (
+            ("--layernorm-eps", eps is not None),
+            ("--type-vocab-size", types),
+            ("--bert-pooler", pooler),
+        ):
+            if given:
+                raise RealformerConfigError(
+                    f"{flag} is an option of the encoder-only model (realformer_roberta); "
+                    f"{model_name} would not carry it out"
+                )
+    if eps is not None and not eps > 0:
+        raise RealformerConfigError(f"--layernorm-eps {eps}: must be positive")
+    if types < 0:
+        raise RealformerConfigError(f"--type-vocab-size {types}: must be 0 (none) or more")
+
     return RealformerSettings(
         residual_chains=frozenset(chains),
         residual_attention_mode=mode,
         init_type=init_type,
         admin_profile_out=values["admin_profile_out"] or None,
+        layernorm_eps=None if eps is None else float(eps),
+        type_vocab_size=int(types),
+        bert_pooler=bool(pooler),
     )

@@ -31,8 +31,8 @@ CASED=0
 PREPARE_ARGS=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
-    --work-dir) WORK=$2; shift 2 ;;
-    --data) DATA=$2; shift 2 ;;
+    --work-dir) opt_value "$@"; WORK=$2; shift 2 ;;
+    --data) opt_value "$@"; DATA=$2; shift 2 ;;
     --cased) CASED=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) PREPARE_ARGS+=("$1"); shift ;;
@@ -60,6 +60,8 @@ open(sys.argv[2], "w", encoding="utf-8").write(text.lower())' \
         done
     done
 }
+
+inputs_lowercase() { prefix_files "$MULTI30K/train" "$MULTI30K/val" "$MULTI30K/test_2016_flickr"; }
 
 # prepare: the pipeline's prepare.sh --offline on the (lower-cased) Multi30k splits
 prepare() {

@@ -42,9 +42,14 @@ train() {
 
 generate() {
     echo "== 3/3 fairseq-generate --beam 5 --lenpen 0.8"
-    fairseq-generate "$work/data-bin" --user-dir "$user_dir" --cpu --path "$work/checkpoints/checkpoint_last.pt" \
+    local checkpoint="$work/checkpoints/checkpoint_last.pt" n_test n_hyp bleu
+    fairseq-generate "$work/data-bin" --user-dir "$user_dir" --cpu --path "$checkpoint" \
         --gen-subset test --beam 5 --lenpen 0.8 --batch-size 64 --required-batch-size-multiple 1 --remove-bpe --num-workers 0 >"$work/generate.log" 2>&1
-    tail -n 1 "$work/generate.log"
+    n_test="$(wc -l <"$work/data-bin/test.raw.en")"
+    n_hyp="$(grep -c '^H-' "$work/generate.log" || true)"
+    [[ "$n_hyp" == "$n_test" ]] || { echo "quickstart: error: $n_hyp of $n_test test sentences translated, see $work/generate.log" >&2; exit 1; }
+    bleu="$(grep -o 'BLEU4 = .*' "$work/generate.log" | tail -n 1)"
+    echo "tokenized, lower-cased BLEU (fairseq's BLEU4, BPE removed) of $checkpoint on all $n_test sentences of Multi30k test_2016_flickr (en->fr): $bleu"
 }
 
 prepare

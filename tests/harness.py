@@ -33,6 +33,15 @@ def shared_data(*parts: str) -> Path:
     return path
 
 
+def realformer_tf_fixture(*parts: str) -> Path:
+    """A file of the TensorFlow RealFormer fixture, ../shared/data/realformer_tf (beside the
+    En-Fr data; read-only): a checkpoint written by Google's realformer.py and its outputs."""
+    path = SHARED_DATA.parent.joinpath("realformer_tf", *parts)
+    if not (path.exists() or path.with_name(path.name + ".index").exists()):
+        raise FileNotFoundError(f"shared data missing: {path} (see its README.md)")
+    return path
+
+
 def fairseq_command(name: str) -> str:
     """Path of a fairseq console script in this environment."""
     exe = BIN / name

@@ -102,6 +102,24 @@ EXPECTED = {
 for _variant in NMT_VARIANTS:
     for _size in NMT_SIZES:
         EXPECTED[f"{_variant}_{_size}"] = expected_nmt(_variant, _size)
+# fairseq's transformer_align defaults (one head of decoder layer 4), at the NMT sizes; the
+# tiny size supervises its first of two decoder layers
+ALIGN_LAYER = {"wmt_en_fr": 4, "wmt_en_fr_18_18": 4, "wmt_en_fr_60_12": 4, "tiny": 0}
+
+
+def expected_align(variant, size):
+    alignment = {"alignment_heads": 1, "full_context_alignment": False}
+    return {**expected_nmt(variant, size), **alignment, "alignment_layer": ALIGN_LAYER[size]}
+
+
+EXPECTED["realformer_transformer_align"] = {
+    **EXPECTED["realformer_transformer"],
+    **expected_align("realformer", "wmt_en_fr"),
+    "share_all_embeddings": False,
+}
+for _variant in NMT_VARIANTS:
+    for _size in NMT_SIZES:
+        EXPECTED[f"{_variant}_align_{_size}"] = expected_align(_variant, _size)
 for _variant in BERT_VARIANTS:
     for _size in BERT_SIZES:
         EXPECTED[f"{_variant}_{_size}"] = expected_bert(_variant, _size)
@@ -129,10 +147,16 @@ def test_every_architecture_name_is_registered_and_no_other():
     ours = {
         name
         for name, model in ARCH_MODEL_NAME_REGISTRY.items()
-        if model in ("realformer_transformer", "realformer_roberta", "realformer_lm")
+        if model
+        in (
+            "realformer_transformer",
+            "realformer_transformer_align",
+            "realformer_roberta",
+            "realformer_lm",
+        )
     }
     assert ours == set(EXPECTED)
-    assert len(ours) == 1 + 4 * 4 + 1 + 3 * 5 + 4 * 3
+    assert len(ours) == 2 * (1 + 4 * 4) + 1 + 3 * 5 + 4 * 3
 
 
 @pytest.mark.parametrize("config_type", ["Namespace", "DictConfig"])

@@ -6,6 +6,7 @@ allow-list."""
 import os
 import pickle
 import re
+import subprocess
 
 import pytest
 import sacrebleu
@@ -20,6 +21,7 @@ from harness import (
     preprocess,
     run,
     train_translation,
+    translation_train_args,
 )
 
 CLEAN_ENV = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE")}
@@ -120,3 +122,59 @@ def test_plugin_loader_still_refuses_unknown_globals(tmp_path):
     torch.save({"model": {}, "payload": _NotAllowed()}, path)
     with pytest.raises(pickle.UnpicklingError):
         checkpoint_utils.load_checkpoint_to_cpu(str(path))
+
+
+def run_status(cmd, env=None):
+    """(exit status, stdout + stderr) of a command that may fail."""
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **(env or {}))
+    proc = subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, env=full_env)  # fmt: skip
+    return proc.returncode, proc.stdout
+
+
+def test_truncated_checkpoint_is_one_line_in_every_command_and_an_exception_in_the_hub(
+    trained, tmp_path
+):
+    """A checkpoint cut to half its size: fairseq-generate, realformer-attention-stats and a
+    fairseq-train resuming from it stop with one line naming the file and its size, exit 1; the
+    hub raises RealformerCheckpointError, a ValueError (fairseq 0.12.3 alone: a RuntimeError
+    traceback of torch's zip reader everywhere)."""
+    from realformer_fairseq.errors import RealformerCheckpointError
+    from realformer_fairseq.models.realformer_transformer import RealformerTransformerModel
+
+    root, data_bin, checkpoint, _ = trained
+    save_dir = tmp_path / "ckpt"
+    save_dir.mkdir()
+    truncated = save_dir / "checkpoint_last.pt"
+    data = checkpoint.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    line = (
+        f"realformer_fairseq: error: {truncated}: truncated or corrupt checkpoint "
+        f"({len(data) // 2} bytes; torch.load: PytorchStreamReader failed reading zip archive: "
+        "failed finding central directory); copy or save it again, or use another checkpoint"
+    )
+    (tmp_path / "input.bpe").write_text("a man .\n", encoding="utf-8")
+    commands = {
+        "generate": [fairseq_command("fairseq-generate"), data_bin, "--user-dir", USER_DIR,
+                     "--path", truncated, "--cpu", "--beam", "2"],
+        "attention-stats": [fairseq_command("realformer-attention-stats"), "--path", truncated,
+                            "--input", tmp_path / "input.bpe", "--out-dir", tmp_path / "stats",
+                            "--cpu", "--no-plots"],
+        "resume": [fairseq_command("fairseq-train"),
+                   *translation_train_args(data_bin, save_dir, max_update=45)],
+    }  # fmt: skip
+    for name, cmd in commands.items():
+        status, out = run_status(cmd)
+        assert "Traceback" not in out, (name, out[-3000:])
+        if name == "attention-stats":  # the plugin's own command: its name and argparse's 2
+            assert status == 2, out[-2000:]
+            want = line.replace("realformer_fairseq:", "realformer-attention-stats:")
+        else:
+            assert status == 1, (name, out[-2000:])
+            want = line
+        assert out.strip().splitlines()[-1] == want, (name, out[-2000:])
+    with pytest.raises(RealformerCheckpointError) as err:
+        RealformerTransformerModel.from_pretrained(
+            str(save_dir), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data_bin)
+        )
+    assert isinstance(err.value, ValueError) and f"realformer_fairseq: error: {err.value}" == line

@@ -124,18 +124,23 @@ def blocks_of(sentences, mode: str, block: int):
     return out
 
 
-def full_forward_loss_base2(model, dictionary, lines, mode: str, block: int) -> float:
+def full_forward_loss_base2(
+    model, dictionary, lines, mode: str, block: int, context: int = 0
+) -> float:
     """Mean -log2 p(token) over the text, each block scored by one full forward of
-    ``[token before the block, or eos] + block[:-1]`` (no incremental state)."""
+    ``[token before the block, or eos] + block[:-1]`` (no incremental state), preceded by
+    the ``context`` input tokens before the block (``--context-window``; they are not
+    scored)."""
     sentences = [dictionary.encode_line(x, add_if_not_exist=False) for x in lines]
     stream = torch.cat(sentences)
+    inputs = torch.cat([torch.tensor([dictionary.eos()]), stream[:-1]])  # stream shifted by one
     nll, count = 0.0, 0
     with torch.no_grad():
         for start, end in blocks_of(sentences, mode, block):
             target = stream[start:end].unsqueeze(0)
-            first = stream[start - 1 : start] if start > 0 else torch.tensor([dictionary.eos()])
-            prev = torch.cat([first, stream[start : end - 1]]).unsqueeze(0)
+            prev = inputs[max(0, start - context) : end].unsqueeze(0)
             lprobs = model.get_normalized_probs(model(prev), log_probs=True)
+            lprobs = lprobs[:, prev.size(1) - target.size(1) :]
             nll -= lprobs.gather(-1, target.unsqueeze(-1)).sum().item()
             count += target.numel()
     assert count == stream.numel()
@@ -150,7 +155,7 @@ def eval_lm_command(data_bin, checkpoint, mode: str, block: int):
     ]  # fmt: skip
 
 
-def eval_lm_in_process(data_bin, checkpoint, mode: str, block: int) -> float:
+def eval_lm_in_process(data_bin, checkpoint, mode: str, block: int, extra=()) -> float:
     """fairseq-eval-lm's own main (what the console script runs), in this process:
     its unrounded base-2 loss."""
     from fairseq import options
@@ -158,9 +163,8 @@ def eval_lm_in_process(data_bin, checkpoint, mode: str, block: int) -> float:
     from fairseq_cli import eval_lm
 
     parser = options.get_eval_lm_parser()
-    args = options.parse_args_and_arch(
-        parser, [str(a) for a in eval_lm_command(data_bin, checkpoint, mode, block)]
-    )
+    argv = [str(a) for a in [*eval_lm_command(data_bin, checkpoint, mode, block), *extra]]
+    args = options.parse_args_and_arch(parser, argv)
     return eval_lm.main(convert_namespace_to_omegaconf(args))["loss"]
 
 
@@ -189,6 +193,21 @@ def test_eval_lm_perplexity_equals_a_full_forward(lm_data, trained, mode, block)
     assert eval_lm_in_process(data_bin, checkpoint, mode, block) == pytest.approx(
         expected, abs=1e-5
     )
+
+
+def test_eval_lm_context_window_scores_each_block_after_its_context(lm_data, trained):
+    """``fairseq-eval-lm --context-window 25`` (fairseq's ``test_transformer_lm``): blocks of
+    ``--tokens-per-sample`` minus 25 tokens, each scored after the 25 tokens before it."""
+    root, data_bin = lm_data
+    checkpoint, _ = trained
+    model, _, task = load(checkpoint)
+    lines = (root / "valid.txt").read_text(encoding="utf-8").splitlines()
+    d = task.source_dictionary
+    with_context = full_forward_loss_base2(model, d, lines, "none", 25, context=25)
+    without = full_forward_loss_base2(model, d, lines, "none", 25)
+    assert with_context < without - 0.01  # the context helps the trained model
+    loss = eval_lm_in_process(data_bin, checkpoint, "none", 50, extra=["--context-window", "25"])
+    assert loss == pytest.approx(with_context, abs=1e-5)
 
 
 # ---------------------------------------------------------------------------

@@ -170,6 +170,7 @@ def test_importing_the_plugin_changes_only_the_listed_fairseq_functions():
     assert result == {
         "changed": [
             "fairseq.checkpoint_utils.load_checkpoint_to_cpu",
+            "fairseq_cli.interactive.buffered_read",
             "fairseq_cli.interactive.make_batches",
         ],
         "added": [],

@@ -155,6 +155,84 @@ def test_missing_bpe_codes_then_resume(tmp_path, corpus):
     assert len((data_bin / "test.raw.fr").read_text().splitlines()) == 20
 
 
+def stage_log(stderr: str):
+    """{stage: "skipped" | "redone (input changed: ...)" | "run"} from prepare.sh's log."""
+    result = {}
+    for stage in STAGES:
+        if f"stage {stage}: finished before" in stderr:
+            result[stage] = "skipped"
+        elif f"stage {stage}: start" in stderr:
+            changed = re.search(
+                rf"stage {stage}: input changed since it finished \((.*)\), redoing", stderr
+            )
+            result[stage] = f"redone ({changed.group(1)})" if changed else "run"
+    return result
+
+
+def test_a_changed_input_redoes_the_stages_that_read_it(tmp_path, corpus):
+    """The markers record what each stage read: rewriting test.fr in place (same path, same
+    settings) redoes the stages its content reaches and no other; a touched file with the same
+    content redoes nothing (fairseq 0.12-style markers of settings only: all 7 stages "finished
+    before", the old data-bin kept, exit 0)."""
+    work = tmp_path / "work"
+    assert prepare(work, corpus).returncode == 0
+    data_bin = work / "data-bin"
+    test_fr = corpus["test"].with_name("test.fr")
+    os.utime(test_fr, ns=(1, 1))  # a new modification time, the same bytes
+    proc = prepare(work, corpus)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert stage_log(proc.stderr) == {stage: "skipped" for stage in STAGES}
+
+    lines = test_fr.read_text(encoding="utf-8").splitlines(True)
+    lines[0] = "Une phrase qui n'était pas là.\n"
+    test_fr.write_text("".join(lines), encoding="utf-8")
+    proc = prepare(work, corpus)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert stage_log(proc.stderr) == {
+        "check_local": f"redone ({test_fr})",
+        "raw": f"redone ({test_fr})",
+        "tokenize": f"redone ({work / 'raw' / 'test.fr'})",
+        "learn_bpe": "skipped",  # it reads the training set only
+        "apply_bpe": f"redone ({work / 'tok' / 'test.fr'})",
+        "clean": f"redone ({work / 'bpe' / 'test.fr'})",
+        "binarize": f"redone ({work / 'final' / 'test.fr'},{work / 'raw' / 'test.fr'},"
+        f"{work / 'tok' / 'test.fr'})",
+    }
+    assert (data_bin / "test.raw.fr").read_text(encoding="utf-8").splitlines()[0] == (
+        "Une phrase qui n'était pas là."
+    )
+    assert (data_bin / "test.tok.fr").read_text(encoding="utf-8").splitlines()[0] == (
+        "Une phrase qui n&apos; était pas là ."
+    )
+    # an intermediate file edited by hand: the stages after it that read it
+    tok = work / "tok" / "train.en"
+    tok.write_text(tok.read_text(encoding="utf-8").replace(" a ", " one "), encoding="utf-8")
+    proc = prepare(work, corpus)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [stage for stage, what in stage_log(proc.stderr).items() if what != "skipped"] == [
+        "learn_bpe", "apply_bpe", "clean", "binarize"
+    ]  # fmt: skip
+
+
+def test_data_bin_files_get_the_modes_of_the_umask(tmp_path, corpus):
+    """Every file prepare.sh leaves (data-bin, text of every stage) is readable as the umask
+    allows, as files made by cp or fairseq-preprocess are (before: bpecodes, test.raw.*,
+    test.tok.* and every text stage's output were 0600, from mkstemp)."""
+    work = tmp_path / "work"
+    assert prepare(work, corpus).returncode == 0
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {
+        str(path.relative_to(work)): oct(path.stat().st_mode & 0o777)
+        for path in work.rglob("*")
+        if path.is_file()
+    }
+    assert {name for name in modes if name.startswith("data-bin/")} >= {
+        "data-bin/bpecodes", "data-bin/test.raw.en", "data-bin/test.tok.fr"
+    }  # fmt: skip
+    assert modes == {name: oct(0o666 & ~umask) for name in modes}
+
+
 def test_clean_leaves_no_partial_output(tmp_path):
     """A stage that fails after writing part of its output leaves nothing under the final
     names (here: every pair fails the length ratio)."""
@@ -234,6 +312,60 @@ def test_tokenize_matches_moses_conventions(tmp_path):
     tt._init_worker("fr", "train")
     assert tt._tokenize_line('Il a dit "oui."') == "Il a dit &quot; oui &quot; ."
     assert tt._tokenize_line("Soft\xadhyphen Inter\xadnational") == "Soft hyphen Inter national"
+
+
+# Lines the golden files do not cover: runs of letters sacremoses 0.2.0's tables lack (CJK
+# ideographs, Hangul syllables, letters and digits outside the BMP) inside English and French.
+# tokenizer.perl pads only characters outside \p{IsAlnum} (Alphabetic or Decimal_Number), splits
+# a hyphen between two \p{IsAlnum} with -a, and treats \p{IsAlpha} letters on either side of an
+# apostrophe by its en / fr contraction rules, so every such run stays one token. The expected
+# output is written from those rules (Moses commit 34452895, scripts/tokenizer/tokenizer.perl)
+# and is what perl 5.36 printed for both chains of moses_reference/README.md on these lines (the
+# train chain's normalize-punctuation.perl turns « » into quotes, and in English moves the
+# dot before the closing quote: line 2 only).
+CJK_LINES = [
+    "He said 東京タワー is tall and ひらがなカタカナー ok 한국어 too.",
+    "Le mot 漢字 signifie « caractère chinois ».",
+    "東京's tower, 北京-上海 line: 中文。日本語、テスト",
+    "Numbers 𝟙𝟚 and 𠀀𠀁 ext-B, 𝒜𝒷 math.",
+    "It's 東京'ın and l'東京",
+]
+CJK_TOKENS = {
+    "en": [
+        "He said 東京タワー is tall and ひらがなカタカナー ok 한국어 too .",
+        "Le mot 漢字 signifie « caractère chinois » .",
+        "東京 &apos;s tower , 北京 @-@ 上海 line : 中文 。 日本語 、 テスト",
+        "Numbers 𝟙𝟚 and 𠀀𠀁 ext @-@ B , 𝒜𝒷 math .",
+        "It &apos;s 東京 &apos;ın and l &apos;東京",
+    ],
+    "fr": [
+        "He said 東京タワー is tall and ひらがなカタカナー ok 한국어 too .",
+        "Le mot 漢字 signifie « caractère chinois » .",
+        "東京&apos; s tower , 北京 @-@ 上海 line : 中文 。 日本語 、 テスト",
+        "Numbers 𝟙𝟚 and 𠀀𠀁 ext @-@ B , 𝒜𝒷 math .",
+        "It&apos; s 東京&apos; ın and l&apos; 東京",
+    ],
+}
+CJK_TRAIN_CHAIN_LINE_2 = {
+    "en": "Le mot 漢字 signifie &quot; caractère chinois . &quot;",
+    "fr": "Le mot 漢字 signifie &quot; caractère chinois &quot; .",
+}
+
+
+@pytest.mark.parametrize("lang", ["en", "fr"])
+@pytest.mark.parametrize("chain", ["train", "test"])
+def test_tokenize_keeps_cjk_runs_whole_as_moses_perl(lang, chain):
+    """sacremoses 0.2.0 alone gives 東 京 タワー, 한 국 어, 北 京 - 上 海, 𝟙 𝟚 (every line differs)."""
+    sys.path.insert(0, str(EXAMPLE))
+    try:
+        import text_tools as tt
+    finally:
+        sys.path.pop(0)
+    tt._init_worker(lang, chain)
+    expected = list(CJK_TOKENS[lang])
+    if chain == "train":
+        expected[1] = CJK_TRAIN_CHAIN_LINE_2[lang]
+    assert [tt._tokenize_line(line) for line in CJK_LINES] == expected
 
 
 def test_long_cpu_stages_log_progress_and_bpe_equals_subword_nmt(tmp_path):
@@ -468,6 +600,86 @@ def test_dry_run_every_plugin_size_and_overrides():
     ], proc.stderr
 
 
+@pytest.mark.parametrize(
+    "script,args,error",
+    [
+        ("prepare.sh", ["--work-dir"], "--work-dir needs a value"),
+        ("prepare.sh", ["--workers", "two"], "--workers must be a whole number >= 1, got 'two'"),
+        ("train.sh", ["--variant", "realformer", "--size", "6-6", "--data-bin", "x",
+                      "--max-tokens", "abc", "--gpus", "8", "--dry-run"],
+         "--max-tokens must be a whole number >= 1, got 'abc'"),
+        ("train.sh", ["--variant", "realformer", "--size", "6-6", "--data-bin", "x",
+                      "--gpus", "0", "--dry-run"], "--gpus must be a whole number >= 1, got '0'"),
+        ("train.sh", ["--variant", "realformer", "--size", "6-6", "--data-bin", "x", "--gpus", "8",
+                      "--nnodes", "2", "--node-rank", "2", "--dry-run"],
+         "--node-rank must be below --nnodes (2), got '2'"),
+        ("evaluate.sh", ["--data-bin"], "--data-bin needs a value"),
+        ("evaluate.sh", ["--data-bin", ".", "--checkpoint", "x.pt", "--beam", "five"],
+         "--beam must be a whole number >= 1, got 'five'"),
+        ("smoke.sh", ["--max-update", "-5"], "--max-update must be a whole number >= 1, got '-5'"),
+    ],
+    ids=lambda v: v if isinstance(v, str) and v.endswith(".sh") else None,
+)  # fmt: skip
+def test_bad_option_values_are_one_error_line(script, args, error):
+    """Before: `prepare.sh --work-dir` and `train.sh --max-tokens abc` ended in bash's
+    "unbound variable"; `train.sh --gpus 0 --dry-run` divided by zero and printed a command
+    with --distributed-world-size 0, exit 0."""
+    proc = bash(script, *args)
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == f"wmt14_en_fr: error: {error}", proc.stderr
+    assert "unbound variable" not in proc.stderr and "division" not in proc.stderr
+
+
+def test_multi30k_preparation_refuses_an_option_without_a_value(tmp_path):
+    proc = subprocess.run(
+        ["bash", REPO_ROOT / "scripts" / "prepare_multi30k.sh", "--data"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert (
+        proc.returncode == 1 and proc.stderr.strip() == "wmt14_en_fr: error: --data needs a value"
+    )
+
+
+@pytest.mark.parametrize(
+    "extra,option",
+    [
+        (["--arch", "transformer"], "--variant / --size"),
+        (["--arch=transformer"], "--variant / --size"),
+        (["--init-type", "default"], "--variant / --size"),
+        (["--residual-attention", ""], "--variant / --size"),
+        (["--max-tokens", "100"], "--max-tokens"),
+        (["--warmup-updates", "10"], "--warmup"),
+    ],
+)
+def test_extra_arguments_that_replace_what_train_sh_builds_are_refused(extra, option):
+    """Before: `train.sh ... -- --arch transformer` logged "arch realformer_tiny ... init-type
+    admin" and fairseq-train built fairseq's plain TransformerModel (the last --arch wins)."""
+    proc = bash("train.sh", "--variant", "realformer", "--size", "tiny", "--cpu",
+                "--data-bin", "x", "--dry-run", "--", *extra)  # fmt: skip
+    flag = extra[0].split("=")[0]
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"wmt14_en_fr: error: {flag} after --: train.sh sets it (use {option}); not passed to "
+        "fairseq-train"
+    )
+
+
+def test_extra_recipe_values_replace_the_recipes_in_one_logged_line():
+    """A recipe flag after -- replaces the recipe's value in place (the command holds each flag
+    once) and is logged in one line; other arguments are passed on and logged in one line."""
+    out, err = dry_run("--variant", "realformer", "--size", "tiny", "--cpu", "--", "--lr", "0.001",
+                       "--dropout=0.3", "--share-all-embeddings", "--num-workers", "0")  # fmt: skip
+    _, flags = parse_flags(out)  # fails on a flag seen twice
+    assert (flags["--lr"], flags["--dropout"], flags["--num-workers"]) == ("0.001", "0.3", "0")
+    assert shlex.split(out)[-2:] == ["--num-workers", "0"]
+    log = [line.split(" | ")[-1] for line in err.splitlines()]
+    assert (
+        "overrides of the recipe (realformer): --lr 0.0007 -> 0.001, --dropout 0.1 -> 0.3, "
+        "--share-all-embeddings (a switch the recipe sets already)" in log
+    ), err
+    assert "passed on to fairseq-train after the recipe: --num-workers 0" in log, err
+
+
 def test_multi_node_command_uses_torchrun():
     out, _ = dry_run("--variant", "realformer", "--size", "60-12", "--gpus", "8", "--nnodes", "2",
                      "--node-rank", "1", "--master-addr", "node0")  # fmt: skip
@@ -524,6 +736,76 @@ def test_evaluate_averages_the_recipes_checkpoints(tmp_path):
     assert "averaging 50 checkpoints:" in proc.stderr and "fewer than 60" in proc.stderr
     proc = bash("evaluate.sh", *args, "--recipe", "paper")
     assert_fails_naming(proc, "--recipe", "must be admin-clinic or realformer, got 'paper'")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """prepare.sh on 300 Multi30k pairs, then train.sh --size tiny --cpu for 6 updates (every
+    epoch checkpoint kept)."""
+    root = tmp_path_factory.mktemp("tiny_run")
+    src = root / "src"
+    corpus = {"train": write_pair(src / "train", 300), "valid": write_pair(src / "valid", 30, 1000),
+              "test": write_pair(src / "test", 30, 2000)}  # fmt: skip
+    proc = prepare(root / "work", corpus)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data_bin, save_dir = root / "work" / "data-bin", root / "ckpt"
+    proc = bash("train.sh", "--variant", "realformer", "--size", "tiny", "--data-bin", data_bin,
+                "--save-dir", save_dir, "--cpu", "--max-update", "6", "--max-tokens", "1000",
+                "--", "--num-workers", "0")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return root, data_bin, save_dir
+
+
+def test_a_truncated_bin_stops_train_sh_with_one_line_before_fairseq_train(tiny_run, tmp_path):
+    """Before: fairseq-train ended in a numpy traceback (ValueError: offset must be
+    non-negative and no greater than buffer length) and train.sh never printed its own line."""
+    import shutil
+
+    _, data_bin, _ = tiny_run
+    broken = tmp_path / "data-bin"
+    shutil.copytree(data_bin, broken)
+    bin_file = broken / "train.en-fr.fr.bin"
+    size = bin_file.stat().st_size
+    os.truncate(bin_file, 2000)
+    proc = bash("train.sh", "--variant", "realformer", "--size", "tiny", "--data-bin", broken,
+                "--save-dir", tmp_path / "ckpt", "--cpu", "--max-update", "2")  # fmt: skip
+    assert_fails_naming(proc, bin_file, f"truncated (2000 bytes, its index train.en-fr.fr.idx "
+                        f"needs {size}); binarize again (prepare.sh --force)")  # fmt: skip
+    assert "fairseq-train command" not in proc.stderr
+
+
+def test_a_failed_fairseq_train_ends_with_train_shs_own_line(tiny_run, tmp_path):
+    """Before: set -o pipefail ended the script at the failed pipeline, so its own line
+    ("fairseq-train failed ... re-run to resume") was never printed."""
+    _, data_bin, _ = tiny_run
+    save_dir = tmp_path / "ckpt"
+    proc = bash("train.sh", "--variant", "realformer", "--size", "tiny", "--data-bin", data_bin,
+                "--save-dir", save_dir, "--cpu", "--max-update", "2", "--",
+                "--no-such-fairseq-flag")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "unrecognized arguments: --no-such-fairseq-flag" in proc.stdout  # tee of its log
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"wmt14_en_fr: error: fairseq-train failed (exit 2), see {save_dir}/train.log; re-run to "
+        "resume from checkpoint_last.pt"
+    )
+
+
+def test_evaluate_names_the_average_after_the_checkpoints_it_averages(tiny_run, tmp_path):
+    """--allow-fewer with fewer epoch checkpoints than --average-last: the file is named after
+    the number averaged (before: checkpoint.avg10.pt for an average of 2)."""
+    root, data_bin, save_dir = tiny_run
+    epochs = sorted(save_dir.glob("checkpoint[0-9]*.pt"))
+    assert 2 <= len(epochs) < 10
+    out = tmp_path / "eval"
+    proc = bash("evaluate.sh", "--data-bin", data_bin, "--checkpoint-dir", save_dir,
+                "--allow-fewer", "--out-dir", out, "--cpu", "--", "--num-workers", "0",
+                "--max-len-a", "1.2", "--max-len-b", "10")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    averaged = out / f"checkpoint.avg{len(epochs)}.pt"
+    assert sorted(p.name for p in out.glob("*.pt")) == [averaged.name]
+    results = json.loads((out / "results.test.json").read_text())
+    assert results["meta"]["checkpoint"] == str(averaged)
+    assert sorted(results["averaged_checkpoints"]) == sorted(map(str, epochs))
 
 
 def test_radam_matches_torch_radam():

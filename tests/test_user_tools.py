@@ -7,6 +7,7 @@ fairseq-interactive on raw text, including an input line longer than the model a
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -141,14 +142,15 @@ def test_hub_encodes_raw_text_exactly_as_the_pipeline_binarized_it(pipeline, hub
         assert hub.encode(line).tolist() == binarized[i].tolist(), line
 
 
-def run_interactive(pipeline, lines):
+def run_interactive(pipeline, lines, checkpoint=None):
     data_bin = pipeline["data_bin"]
+    checkpoint = checkpoint or pipeline["save_dir"] / "checkpoint_last.pt"
     input_file = pipeline["root"] / "interactive_input.en"
     input_file.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return run(
         [
             fairseq_command("fairseq-interactive"), data_bin, "--user-dir", USER_DIR,
-            "--path", pipeline["save_dir"] / "checkpoint_last.pt", "-s", "en", "-t", "fr",
+            "--path", checkpoint, "-s", "en", "-t", "fr",
             "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", data_bin / "bpecodes",
             "--beam", "5", "--buffer-size", "4", "--batch-size", "4",
             "--input", input_file, "--cpu",
@@ -368,3 +370,168 @@ def test_predict_reproduces_the_validation_accuracy_fairseq_logged(encoder_only)
     ]
     assert logged and accuracy == pytest.approx(logged[-1], abs=1e-6), (accuracy, logged)
     assert accuracy >= 90.0  # English vs French is easy even after 30 updates
+
+
+# ---------------------------------------------------------------- hub API: the task's languages
+
+# a French sentence whose Moses detokenisation differs between English and French rules
+# (sacremoses: "l&apos; homme" -> English "l' homme", French "l'homme")
+FRENCH_TARGET = "l'homme regarde l'eau ."
+FRENCH_TARGET_DETOKENIZED = "l'homme regarde l'eau."
+
+
+@pytest.fixture(scope="module")
+def french_model(pipeline):
+    """A realformer_tiny on the pipeline's dictionary trained to answer every English sentence
+    with FRENCH_TARGET (the same target for 200 sources: learnt in a few dozen updates), so that
+    its translations hold the elisions that English and French detokenisation treat apart."""
+    from subword_nmt.apply_bpe import BPE
+
+    sys.path.insert(0, str(REPO_ROOT / "examples" / "wmt14_en_fr"))
+    try:
+        import text_tools
+    finally:
+        sys.path.pop(0)
+    root, data_bin = pipeline["root"], pipeline["data_bin"]
+    with open(data_bin / "bpecodes", encoding="utf-8") as fh:
+        bpe = BPE(fh)
+    text_tools._init_worker("fr", "train")
+    target = bpe.process_line(text_tools._tokenize_line(FRENCH_TARGET))
+    raw = root / "french_raw"
+    raw.mkdir()
+    sources = (root / "work" / "final" / "train.en").read_text(encoding="utf-8").splitlines()
+    for split, lines in (("train", sources[:200]), ("valid", sources[200:220])):
+        (raw / f"{split}.en").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+        (raw / f"{split}.fr").write_text((target + "\n") * len(lines), encoding="utf-8")
+    dest = root / "french_bin"
+    run([fairseq_command("fairseq-preprocess"), "-s", "en", "-t", "fr", "--trainpref", raw / "train",
+         "--validpref", raw / "valid", "--destdir", dest, "--srcdict", data_bin / "dict.en.txt",
+         "--tgtdict", data_bin / "dict.fr.txt", "--workers", "1"])  # fmt: skip
+    save_dir = root / "french_ckpt"
+    run([fairseq_command("fairseq-train"), *translation_train_args(
+        dest, save_dir, max_update=40, extra=["--max-tokens", "1000", "--lr", "5e-3"])])  # fmt: skip
+    return save_dir
+
+
+def test_hub_detokenizes_french_as_fairseq_interactive_does(pipeline, french_model):
+    """from_pretrained(tokenizer="moses", ...) as the README shows it, without languages: the
+    tokenizer takes the task's en -> fr, and translate() equals fairseq-interactive -s en -t fr
+    on raw text byte for byte (fairseq 0.12.3 alone detokenized with English rules:
+    "l' homme regarde l' eau.")."""
+    from realformer_fairseq.models.realformer_transformer import RealformerTransformerModel
+
+    data_bin = pipeline["data_bin"]
+    hub = RealformerTransformerModel.from_pretrained(
+        str(french_model), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data_bin),
+        tokenizer="moses", bpe="subword_nmt", bpe_codes=str(data_bin / "bpecodes"),
+    ).eval()  # fmt: skip
+    assert (hub.tokenizer.cfg.source_lang, hub.tokenizer.cfg.target_lang) == ("en", "fr")
+    lines = (data_bin / "test.raw.en").read_text(encoding="utf-8").splitlines()[:6]
+    hyps = hub.translate(lines, beam=5)
+    assert hyps == [FRENCH_TARGET_DETOKENIZED] * len(lines), hyps
+    out = run_interactive(pipeline, lines, checkpoint=french_model / "checkpoint_last.pt")
+    interactive = [fields[1] for _, fields in sorted(prefixed(out, "D"))]
+    assert [h.encode("utf-8") for h in hyps] == [d.encode("utf-8") for d in interactive]
+    # languages given to from_pretrained are kept
+    english_rules = RealformerTransformerModel.from_pretrained(
+        str(french_model), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data_bin),
+        tokenizer="moses", bpe="subword_nmt", bpe_codes=str(data_bin / "bpecodes"),
+        source_lang="en", target_lang="en",
+    ).eval()  # fmt: skip
+    assert english_rules.translate(lines[:1], beam=5) == ["l' homme regarde l' eau."]
+
+
+def test_hub_names_the_model_class_of_a_checkpoint_that_is_not_the_plugins(
+    pipeline, french_model, caplog
+):
+    """RealformerTransformerModel.from_pretrained on a checkpoint of fairseq's own `transformer`
+    returns fairseq's TransformerModel (as fairseq does) with one warning that says so
+    (fairseq 0.12.3 alone: no word)."""
+    import logging
+
+    from fairseq.models.transformer import TransformerModel
+
+    from realformer_fairseq.models.realformer_transformer import RealformerTransformerModel
+
+    data_bin, save_dir = pipeline["data_bin"], pipeline["root"] / "vanilla_ckpt"
+    run([fairseq_command("fairseq-train"), *translation_train_args(
+        pipeline["root"] / "french_bin", save_dir, arch="transformer", max_update=1, extra=[
+            "--encoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--encoder-layers", "1",
+            "--decoder-layers", "1", "--encoder-attention-heads", "2",
+            "--decoder-attention-heads", "2"])])  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="realformer_fairseq"):
+        hub = RealformerTransformerModel.from_pretrained(
+            str(save_dir), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data_bin)
+        )
+    assert type(hub.models[0]) is TransformerModel
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        f"{save_dir}/checkpoint_last.pt holds fairseq.models.transformer.transformer_legacy."
+        "TransformerModel (--arch transformer), not a RealformerTransformerModel: loaded as "
+        "TransformerModel, without this plugin's residual attention or ADMIN"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="realformer_fairseq"):
+        RealformerTransformerModel.from_pretrained(
+            str(french_model), checkpoint_file="checkpoint_last.pt", data_name_or_path=str(data_bin)
+        )
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+# ---------------------------------------------------------------- fairseq-interactive input
+
+
+def test_interactive_translates_every_line_of_an_input_with_a_byte_that_is_not_utf8(pipeline):
+    """One Latin-1 byte in line 3 of --input FILE (and of stdin): one warning naming the line,
+    and every line translated under its own id, line 3 with U+FFFD for the byte (fairseq 0.12.3
+    alone: UnicodeDecodeError traceback and no translation at all from --input)."""
+    raw = (pipeline["data_bin"] / "test.raw.en").read_text(encoding="utf-8").splitlines()[:5]
+    data = [line.encode("utf-8") for line in raw]
+    data[2] = "A man drinks caf\xe9 .".encode("latin-1")
+    input_file = pipeline["root"] / "latin1_input.en"
+    input_file.write_bytes(b"".join(line + b"\n" for line in data))
+    data_bin = pipeline["data_bin"]
+    command = [
+        fairseq_command("fairseq-interactive"), data_bin, "--user-dir", USER_DIR,
+        "--path", pipeline["save_dir"] / "checkpoint_last.pt", "-s", "en", "-t", "fr",
+        "--tokenizer", "moses", "--bpe", "subword_nmt", "--bpe-codes", data_bin / "bpecodes",
+        "--beam", "2", "--cpu",
+    ]  # fmt: skip
+    for how, out in (
+        ("--input", run([*command, "--input", input_file])),
+        ("stdin", run(["bash", "-c", " ".join(shlex.quote(str(c)) for c in command) + " < "
+                       + shlex.quote(str(input_file))])),  # fmt: skip
+    ):
+        assert "Traceback" not in out, (how, out[-2000:])
+        warnings = [line for line in out.splitlines() if "not valid UTF-8" in line]
+        assert (
+            len(warnings) == 1
+            and "input line 3 (id 2) is not valid UTF-8 (1 byte(s): 0xe9 at "
+            "character 17): translated with U+FFFD in their place" in warnings[0]
+        ), (how, warnings)
+        assert [i for i, _ in prefixed(out, "D")] == [0, 1, 2, 3, 4], how
+        # U+FFFD is no letter for the tokenizer: "caf" then U+FFFD, unknown to the dictionary
+        sources = dict(prefixed(out, "S"))
+        assert sources[2][0].replace("@@ ", "") == "A man drinks caf <unk> .", how
+
+
+def test_plugin_buffered_read_equals_fairseqs_on_utf8_input(pipeline, tmp_path):
+    """The re-owned buffered_read gives fairseq 0.12.3's buffers on valid UTF-8 (tabs, CRLF,
+    blank lines, a last line without newline), for buffer sizes 1, 3 and 64."""
+    import fairseq_cli.interactive as fi
+
+    from realformer_fairseq import interactive_compat
+
+    text = "a b\r\n\tc d \n\nélan «vital»\ne\tf\nlast"
+    path = tmp_path / "in.txt"
+    path.write_bytes(text.encode("utf-8"))
+    fairseq_buffered_read = fi.buffered_read
+    if fairseq_buffered_read is interactive_compat.buffered_read:
+        import importlib
+
+        fairseq_buffered_read = importlib.reload(fi).buffered_read
+        interactive_compat.install()
+    for size in (1, 3, 64):
+        want = list(fairseq_buffered_read(str(path), size))
+        assert list(interactive_compat.buffered_read(str(path), size)) == want
+        assert sum(len(b) for b in want) == 6

@@ -6,7 +6,8 @@
 # Conventions: every stage checks its inputs (present, non-empty, UTF-8, parallel files of equal
 # length) and stops with one line naming the file and the problem; outputs are written to a
 # temporary name and renamed when complete; a stage that finished writes a marker
-# ($WORK/stages/NAME.done holding its settings), so a re-run skips it unless its settings changed.
+# ($WORK/stages/NAME.done holding its settings and what it read), so a re-run skips it unless its
+# settings or one of its input files changed.
 
 EXAMPLE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO_ROOT="$(cd "$EXAMPLE_DIR/../.." && pwd)"
@@ -46,22 +47,102 @@ check_files() { tools check "$@" >/dev/null || exit 1; }
 # check_pair PREFIX: PREFIX.en and PREFIX.fr are a valid parallel pair
 check_pair() { check_files "$1.$SRC" "$1.$TGT"; }
 
+# opt_value OPTION ARGS...: OPTION (the first of "$@" in an argument loop) has a value
+opt_value() {
+    [[ $# -ge 2 && -n "$2" && "$2" != --* ]] || die "$1 needs a value"
+}
+
+# whole_number OPTION VALUE [MIN]: VALUE is a whole number >= MIN (default 0)
+whole_number() {
+    [[ "$2" =~ ^[0-9]+$ ]] && ((10#$2 >= ${3:-0})) ||
+        die "$1 must be a whole number${3:+ >= $3}, got '$2'"
+}
+
+# Files of up to this size are identified by their content (sha256), larger ones by size and
+# modification time: enough to see a changed input without hashing gigabytes of WMT text.
+SIGNATURE_HASH_MAX_BYTES=$((64 * 1024 * 1024))
+
+# input_signature FILE...: one line per file, what a stage marker records of what it read
+input_signature() {
+    local file size
+    for file in "$@"; do
+        if [[ ! -f "$file" ]]; then
+            echo "$file missing"
+            continue
+        fi
+        size="$(stat -L -c %s -- "$file")"
+        if ((size <= SIGNATURE_HASH_MAX_BYTES)); then
+            echo "$file $size sha256:$(sha256sum <"$file" | cut -d' ' -f1)"
+        else
+            echo "$file $size mtime:$(stat -L -c %.9Y -- "$file")"
+        fi
+    done
+}
+
+# changed_inputs OLD_RECORD NEW_RECORD: the files whose signature is not in the old marker,
+# comma-separated (the first three)
+changed_inputs() {
+    local line files=()
+    while IFS= read -r line; do
+        grep -qxF -- "$line" <<<"$1" && continue
+        case "$line" in
+        *" missing") files+=("${line% missing}") ;;
+        *) files+=("${line% * *}") ;;
+        esac
+    done < <(tail -n +2 <<<"$2")
+    ((${#files[@]} <= 3)) || files=("${files[@]:0:3}" ...)
+    local IFS=,
+    echo "${files[*]}"
+}
+
 # run_stage NAME SETTINGS FUNCTION [ARGS...]: run FUNCTION unless NAME finished with SETTINGS
+# and the same inputs. The marker $WORK/stages/NAME.done holds the settings and, when the
+# stage has a function inputs_NAME printing the files it reads (one per line), their
+# signatures (input_signature): a changed input redoes the stage, whose new outputs then redo
+# the stages that read them. FUNCTION sees STAGE_OUTDATED=1 when it redoes a finished stage.
 run_stage() {
     local name=$1 settings=$2
     shift 2
-    local marker="$WORK/stages/$name.done"
+    local marker="$WORK/stages/$name.done" record inputs=()
     mkdir -p "$WORK/stages"
-    if [[ -f "$marker" && "$(cat "$marker")" == "$settings" && "${FORCE:-0}" != 1 ]]; then
-        log "stage $name: finished before ($marker), skipping"
-        return 0
+    if declare -F "inputs_$name" >/dev/null; then
+        mapfile -t inputs < <("inputs_$name")
+    fi
+    record="$(printf '%s\n' "$settings"; input_signature "${inputs[@]}")"
+    STAGE_OUTDATED=0 # 1 while FUNCTION redoes a stage that had finished with other settings or inputs
+    [[ ! -f "$marker" ]] || STAGE_OUTDATED=1
+    if [[ -f "$marker" && "${FORCE:-0}" != 1 ]]; then
+        if [[ "$(cat "$marker")" == "$record" ]]; then
+            log "stage $name: finished before ($marker), skipping"
+            return 0
+        fi
+        local old changed
+        old="$(cat "$marker")"
+        changed="$(changed_inputs "$old" "$record")"
+        if [[ "$(head -n 1 <<<"$old")" == "$settings" && -n "$changed" ]]; then
+            log "stage $name: input changed since it finished ($changed), redoing"
+        fi
     fi
     rm -f "$marker"
     log "stage $name: start"
     "$@"
-    printf '%s\n' "$settings" >"$marker.tmp"
+    printf '%s\n' "$record" >"$marker.tmp"
     mv "$marker.tmp" "$marker"
     log "stage $name: done"
+}
+
+# prefix_files PREFIX...: PREFIX.en and PREFIX.fr of each
+prefix_files() {
+    local prefix
+    for prefix in "$@"; do printf '%s\n' "$prefix.$SRC" "$prefix.$TGT"; done
+}
+
+# split_files DIR: DIR/{train,valid,test}.{en,fr}
+split_files() {
+    local split l
+    for split in train valid test; do
+        for l in $SRC $TGT; do echo "$1/$split.$l"; done
+    done
 }
 
 # ------------------------------------------------------------------------------- download
@@ -189,6 +270,7 @@ stage_check_local() {
         check_pair "$prefix"
     done
 }
+inputs_check_local() { prefix_files "${TRAIN_PREFIXES[@]}" "${VALID_PREFIXES[@]}" "${TEST_PREFIXES[@]}"; }
 
 # stage_raw: concatenate the corpora of each split into $WORK/raw/{train,valid,test}.{en,fr}
 stage_raw() {
@@ -200,6 +282,7 @@ stage_raw() {
     tools concat --src $SRC --tgt $TGT --out "$WORK/raw/test" --max-lines "${MAX_TEST_LINES:-0}" \
         "${TEST_PREFIXES[@]}" || exit 1
 }
+inputs_raw() { prefix_files "${TRAIN_PREFIXES[@]}" "${VALID_PREFIXES[@]}" "${TEST_PREFIXES[@]}"; }
 
 # stage_tokenize: Moses normalisation + tokenisation -a (sacremoses); the test set only gets
 # ’ -> ' before tokenisation, as in the reference recipe
@@ -217,6 +300,7 @@ stage_tokenize() {
         check_pair "$WORK/tok/$split"
     done
 }
+inputs_tokenize() { split_files "$WORK/raw"; }
 
 # stage_learn_bpe: joint BPE on train.en + train.fr (subword-nmt learn-bpe -s N), or a
 # sentencepiece BPE model of N pieces
@@ -232,6 +316,7 @@ stage_learn_bpe() {
             "$WORK/tok/train.$TGT" "$WORK/tok/train.$SRC" || exit 1
     fi
 }
+inputs_learn_bpe() { prefix_files "$WORK/tok/train"; }
 
 # stage_apply_bpe: segment every split with the codes ($BPE_CODES or the learned ones)
 stage_apply_bpe() {
@@ -255,6 +340,10 @@ stage_apply_bpe() {
         check_pair "$WORK/bpe/$split"
     done
 }
+inputs_apply_bpe() {
+    echo "${BPE_CODES:-$WORK/bpe/codes}"
+    split_files "$WORK/tok"
+}
 
 # stage_clean: clean-corpus-n -ratio 1.5 on the BPE'd train set, lengths 1..250 (as the
 # reference); valid and test are kept whole
@@ -272,6 +361,7 @@ stage_clean() {
         done
     done
 }
+inputs_clean() { split_files "$WORK/bpe"; }
 
 # stage_binarize: fairseq-preprocess --joined-dictionary into $DEST (built in $DEST.tmp, then
 # renamed); the BPE codes and the raw / tokenized test sides go along for evaluate.sh
@@ -287,11 +377,12 @@ stage_binarize() {
         --testpref "$WORK/final/test" --destdir "$tmp" --joined-dictionary \
         --workers "${WORKERS:-1}" >"$WORK/preprocess.log" 2>&1 ||
         die "fairseq-preprocess failed, see $WORK/preprocess.log"
-    cp "$codes" "$tmp/bpecodes"
+    # --no-preserve=mode: the copies get the umask's modes, whatever the sources have
+    cp --no-preserve=mode "$codes" "$tmp/bpecodes"
     local l
     for l in $SRC $TGT; do
-        cp "$WORK/raw/test.$l" "$tmp/test.raw.$l"
-        cp "$WORK/tok/test.$l" "$tmp/test.tok.$l"
+        cp --no-preserve=mode "$WORK/raw/test.$l" "$tmp/test.raw.$l"
+        cp --no-preserve=mode "$WORK/tok/test.$l" "$tmp/test.tok.$l"
     done
     printf 'BPE=%s\nBPE_SIZE=%s\nSRC=%s\nTGT=%s\n' "$BPE" "$BPE_SIZE" $SRC $TGT >"$tmp/prepare.env"
     if [[ -e "$DEST" ]]; then
@@ -300,6 +391,11 @@ stage_binarize() {
     fi
     mv "$tmp" "$DEST"
     log "binarized data in $DEST"
+}
+inputs_binarize() {
+    split_files "$WORK/final"
+    echo "${BPE_CODES:-$WORK/bpe/codes}"
+    prefix_files "$WORK/raw/test" "$WORK/tok/test"
 }
 
 # ------------------------------------------------------------------------------- train
@@ -321,8 +417,10 @@ stage_train() {
     log "fairseq-train command: ${TRAIN_CMD[*]}"
     printf '%q ' "${TRAIN_CMD[@]}" >"$SAVE_DIR/train_command.sh"
     echo >>"$SAVE_DIR/train_command.sh"
-    "${TRAIN_CMD[@]}" 2>&1 | tee -a "$SAVE_DIR/train.log"
-    local rc=${PIPESTATUS[0]}
+    local rc=0
+    # pipefail: rc is fairseq-train's status (tee's is 0); without "|| rc=" set -e would end
+    # the script here, before the line below
+    "${TRAIN_CMD[@]}" 2>&1 | tee -a "$SAVE_DIR/train.log" || rc=$?
     [[ $rc == 0 ]] || die "fairseq-train failed (exit $rc), see $SAVE_DIR/train.log; re-run to resume from checkpoint_last.pt"
 }
 

@@ -38,12 +38,12 @@ if [[ "${1:-}" == score ]]; then
     RESULTS=""
     while [[ $# -gt 0 ]]; do
         case "$1" in
-        --hyp) HYP=$2; shift 2 ;;
-        --ref) REF=$2; shift 2 ;;
-        --detok-lang) DETOK_LANG=$2; shift 2 ;;
-        --tok-hyp) TOK_HYP=$2; shift 2 ;;
-        --tok-ref) TOK_REF=$2; shift 2 ;;
-        --results) RESULTS=$2; shift 2 ;;
+        --hyp) opt_value "$@"; HYP=$2; shift 2 ;;
+        --ref) opt_value "$@"; REF=$2; shift 2 ;;
+        --detok-lang) opt_value "$@"; DETOK_LANG=$2; shift 2 ;;
+        --tok-hyp) opt_value "$@"; TOK_HYP=$2; shift 2 ;;
+        --tok-ref) opt_value "$@"; TOK_REF=$2; shift 2 ;;
+        --results) opt_value "$@"; RESULTS=$2; shift 2 ;;
         -h | --help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument: $1" ;;
         esac
@@ -78,22 +78,22 @@ RESULTS=""
 EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
-    --data-bin) DATA_BIN=$2; shift 2 ;;
-    --checkpoint) CHECKPOINT=$2; shift 2 ;;
-    --checkpoint-dir) CHECKPOINT_DIR=$2; shift 2 ;;
-    --recipe) RECIPE=$2; shift 2 ;;
-    --average-last) AVERAGE_LAST=$2; shift 2 ;;
-    --checkpoint-upper-bound) UPPER_BOUND=$2; shift 2 ;;
+    --data-bin) opt_value "$@"; DATA_BIN=$2; shift 2 ;;
+    --checkpoint) opt_value "$@"; CHECKPOINT=$2; shift 2 ;;
+    --checkpoint-dir) opt_value "$@"; CHECKPOINT_DIR=$2; shift 2 ;;
+    --recipe) opt_value "$@"; RECIPE=$2; shift 2 ;;
+    --average-last) opt_value "$@"; AVERAGE_LAST=$2; shift 2 ;;
+    --checkpoint-upper-bound) opt_value "$@"; UPPER_BOUND=$2; shift 2 ;;
     --allow-fewer) ALLOW_FEWER=1; shift ;;
-    --subset) SUBSET=$2; shift 2 ;;
-    --beam) BEAM=$2; shift 2 ;;
-    --lenpen) LENPEN=$2; shift 2 ;;
-    --max-tokens) MAX_TOKENS=$2; shift 2 ;;
-    --batch-size) BATCH_SIZE=$2; shift 2 ;;
+    --subset) opt_value "$@"; SUBSET=$2; shift 2 ;;
+    --beam) opt_value "$@"; BEAM=$2; shift 2 ;;
+    --lenpen) opt_value "$@"; LENPEN=$2; shift 2 ;;
+    --max-tokens) opt_value "$@"; MAX_TOKENS=$2; shift 2 ;;
+    --batch-size) opt_value "$@"; BATCH_SIZE=$2; shift 2 ;;
     --cpu) CPU=1; shift ;;
     --fp16) FP16=1; shift ;;
-    --out-dir) OUT_DIR=$2; shift 2 ;;
-    --results) RESULTS=$2; shift 2 ;;
+    --out-dir) opt_value "$@"; OUT_DIR=$2; shift 2 ;;
+    --results) opt_value "$@"; RESULTS=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     --) shift; EXTRA=("$@"); break ;;
     *) usage >&2; die "unknown argument: $1" ;;
@@ -110,15 +110,18 @@ UPPER_BOUND=${UPPER_BOUND:-$EVAL_CHECKPOINT_UPPER_BOUND}
 BEAM=${BEAM:-$EVAL_BEAM}
 LENPEN=${LENPEN:-$EVAL_LENPEN}
 BATCH_SIZE=${BATCH_SIZE:-$EVAL_BATCH_SIZE}
-[[ "$AVERAGE_LAST" =~ ^[0-9]+$ && "$UPPER_BOUND" =~ ^[0-9]+$ ]] ||
-    die "--average-last and --checkpoint-upper-bound must be whole numbers"
+whole_number --average-last "$AVERAGE_LAST" 1
+whole_number --checkpoint-upper-bound "$UPPER_BOUND" 1
+whole_number --beam "$BEAM" 1
+[[ -z "$BATCH_SIZE" ]] || whole_number --batch-size "$BATCH_SIZE" 1
+[[ -z "$MAX_TOKENS" ]] || whole_number --max-tokens "$MAX_TOKENS" 1
+[[ "$LENPEN" =~ ^-?[0-9]+(\.[0-9]*)?$ ]] || die "--lenpen must be a number, got '$LENPEN'"
 AVERAGED=()
 if [[ -z "$CHECKPOINT" ]]; then
     [[ -n "$CHECKPOINT_DIR" ]] || die "pass --checkpoint FILE or --checkpoint-dir DIR"
     if [[ "$AVERAGE_LAST" -gt 1 ]]; then
         OUT_DIR=${OUT_DIR:-$CHECKPOINT_DIR/eval}
         mkdir -p "$OUT_DIR"
-        CHECKPOINT="$OUT_DIR/checkpoint.avg$AVERAGE_LAST.pt"
         FEWER=()
         [[ $ALLOW_FEWER == 1 ]] && FEWER=(--allow-fewer)
         mapfile -t AVERAGED < <("$PYTHON" "$EXAMPLE_DIR/recipes.py" average-inputs \
@@ -127,6 +130,8 @@ if [[ -z "$CHECKPOINT" ]]; then
         [[ "${AVERAGED[-1]:-FAILED}" != FAILED ]] || exit 1
         [[ ${#AVERAGED[@]} == "$AVERAGE_LAST" ]] ||
             warn "averaging ${#AVERAGED[@]} epoch checkpoints, fewer than $AVERAGE_LAST (--allow-fewer)"
+        # named after what it averages (with --allow-fewer, fewer than --average-last)
+        CHECKPOINT="$OUT_DIR/checkpoint.avg${#AVERAGED[@]}.pt"
         log "averaging ${#AVERAGED[@]} checkpoints: ${AVERAGED[*]}"
         stage_average "$CHECKPOINT" "${AVERAGED[@]}"
     else
@@ -149,5 +154,6 @@ if [[ $FP16 == 1 ]]; then GEN_ARGS+=(--fp16); fi
 GEN_ARGS+=("${EXTRA[@]}")
 
 log "checkpoint $CHECKPOINT; $SUBSET of $DATA_BIN; recipe $RECIPE: batch $BATCH_SIZE, beam $BEAM, lenpen $LENPEN"
+tools check-data-bin --src $SRC --tgt $TGT "$DATA_BIN" || exit 1
 stage_generate
 stage_score

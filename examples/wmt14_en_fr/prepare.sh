@@ -55,31 +55,35 @@ UNTIL=""
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-    --work-dir) WORK=$2; shift 2 ;;
-    --orig) ORIG=$2; shift 2 ;;
-    --dest) DEST=$2; shift 2 ;;
-    --bpe) BPE=$2; shift 2 ;;
-    --bpe-size) BPE_SIZE=$2; shift 2 ;;
-    --bpe-codes) BPE_CODES=$2; shift 2 ;;
-    --workers) WORKERS=$2; shift 2 ;;
-    --checksums) CHECKSUMS=$2; shift 2 ;;
+    --work-dir) opt_value "$@"; WORK=$2; shift 2 ;;
+    --orig) opt_value "$@"; ORIG=$2; shift 2 ;;
+    --dest) opt_value "$@"; DEST=$2; shift 2 ;;
+    --bpe) opt_value "$@"; BPE=$2; shift 2 ;;
+    --bpe-size) opt_value "$@"; BPE_SIZE=$2; shift 2 ;;
+    --bpe-codes) opt_value "$@"; BPE_CODES=$2; shift 2 ;;
+    --workers) opt_value "$@"; WORKERS=$2; shift 2 ;;
+    --checksums) opt_value "$@"; CHECKSUMS=$2; shift 2 ;;
     --force) FORCE=1; shift ;;
     --offline) OFFLINE=1; shift ;;
-    --train) TRAIN_ARG=$2; shift 2 ;;
-    --valid) VALID_ARG=$2; shift 2 ;;
-    --test) TEST_ARG=$2; shift 2 ;;
-    --max-train-lines) MAX_TRAIN_LINES=$2; shift 2 ;;
-    --max-valid-lines) MAX_VALID_LINES=$2; shift 2 ;;
-    --max-test-lines) MAX_TEST_LINES=$2; shift 2 ;;
-    --mirror) MIRROR=${2%/}; shift 2 ;;
-    --until) UNTIL=$2; shift 2 ;;
+    --train) opt_value "$@"; TRAIN_ARG=$2; shift 2 ;;
+    --valid) opt_value "$@"; VALID_ARG=$2; shift 2 ;;
+    --test) opt_value "$@"; TEST_ARG=$2; shift 2 ;;
+    --max-train-lines) opt_value "$@"; MAX_TRAIN_LINES=$2; shift 2 ;;
+    --max-valid-lines) opt_value "$@"; MAX_VALID_LINES=$2; shift 2 ;;
+    --max-test-lines) opt_value "$@"; MAX_TEST_LINES=$2; shift 2 ;;
+    --mirror) opt_value "$@"; MIRROR=${2%/}; shift 2 ;;
+    --until) opt_value "$@"; UNTIL=$2; shift 2 ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
     esac
 done
 
 case "$BPE" in subword-nmt | sentencepiece) ;; *) die "--bpe must be subword-nmt or sentencepiece, got '$BPE'" ;; esac
-[[ "$BPE_SIZE" =~ ^[0-9]+$ ]] || die "--bpe-size must be a number, got '$BPE_SIZE'"
+whole_number --bpe-size "$BPE_SIZE" 1
+whole_number --workers "$WORKERS" 1
+whole_number --max-train-lines "$MAX_TRAIN_LINES"
+whole_number --max-valid-lines "$MAX_VALID_LINES"
+whole_number --max-test-lines "$MAX_TEST_LINES"
 mkdir -p "$WORK"
 WORK="$(cd "$WORK" && pwd)"
 ORIG=${ORIG:-$WORK/orig}

@@ -57,24 +57,24 @@ EXTRA=()
 
 while [[ $# -gt 0 ]]; do
     case "$1" in
-    --variant) VARIANT=$2; shift 2 ;;
-    --size) SIZE=$2; shift 2 ;;
-    --data-bin) DATA_BIN=$2; shift 2 ;;
-    --save-dir) SAVE_DIR=$2; shift 2 ;;
-    --gpus) GPUS=$2; shift 2 ;;
-    --nnodes) NNODES=$2; shift 2 ;;
-    --node-rank) NODE_RANK=$2; shift 2 ;;
-    --master-addr) MASTER_ADDR=$2; shift 2 ;;
-    --master-port) MASTER_PORT=$2; shift 2 ;;
-    --launcher) LAUNCHER=$2; shift 2 ;;
-    --max-tokens) MAX_TOKENS=$2; shift 2 ;;
-    --update-freq) UPDATE_FREQ=$2; shift 2 ;;
-    --max-epoch) MAX_EPOCH=$2; shift 2 ;;
-    --max-update) MAX_UPDATE=$2; shift 2 ;;
-    --recipe) RECIPE=$2; shift 2 ;;
-    --warmup) WARMUP=$2; shift 2 ;;
-    --seed) SEED=$2; shift 2 ;;
-    --log-interval) LOG_INTERVAL=$2; shift 2 ;;
+    --variant) opt_value "$@"; VARIANT=$2; shift 2 ;;
+    --size) opt_value "$@"; SIZE=$2; shift 2 ;;
+    --data-bin) opt_value "$@"; DATA_BIN=$2; shift 2 ;;
+    --save-dir) opt_value "$@"; SAVE_DIR=$2; shift 2 ;;
+    --gpus) opt_value "$@"; GPUS=$2; shift 2 ;;
+    --nnodes) opt_value "$@"; NNODES=$2; shift 2 ;;
+    --node-rank) opt_value "$@"; NODE_RANK=$2; shift 2 ;;
+    --master-addr) opt_value "$@"; MASTER_ADDR=$2; shift 2 ;;
+    --master-port) opt_value "$@"; MASTER_PORT=$2; shift 2 ;;
+    --launcher) opt_value "$@"; LAUNCHER=$2; shift 2 ;;
+    --max-tokens) opt_value "$@"; MAX_TOKENS=$2; shift 2 ;;
+    --update-freq) opt_value "$@"; UPDATE_FREQ=$2; shift 2 ;;
+    --max-epoch) opt_value "$@"; MAX_EPOCH=$2; shift 2 ;;
+    --max-update) opt_value "$@"; MAX_UPDATE=$2; shift 2 ;;
+    --recipe) opt_value "$@"; RECIPE=$2; shift 2 ;;
+    --warmup) opt_value "$@"; WARMUP=$2; shift 2 ;;
+    --seed) opt_value "$@"; SEED=$2; shift 2 ;;
+    --log-interval) opt_value "$@"; LOG_INTERVAL=$2; shift 2 ;;
     --cpu) CPU=1; FP16=0; shift ;;
     --no-fp16) FP16=0; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
@@ -94,9 +94,14 @@ RECIPE_SH="$("$PYTHON" "$EXAMPLE_DIR/recipes.py" shell --recipe "$RECIPE" --vari
 eval "$RECIPE_SH"
 [[ -n "$DATA_BIN" ]] || die "--data-bin is required (the --dest of prepare.sh)"
 SAVE_DIR=${SAVE_DIR:-$EXAMPLE_DIR/checkpoints/${VARIANT}_${SIZE}}
-for v in NNODES MAX_EPOCH WARMUP SEED LOG_INTERVAL; do
-    [[ -z "${!v}" || "${!v}" =~ ^[0-9]+$ ]] || die "--${v,,} must be a whole number, got '${!v}'"
+for v in MAX_EPOCH WARMUP SEED LOG_INTERVAL NODE_RANK MASTER_PORT GPUS NNODES MAX_TOKENS \
+    UPDATE_FREQ MAX_UPDATE; do
+    option=${v,,}
+    case $v in MAX_EPOCH | WARMUP | SEED | LOG_INTERVAL | NODE_RANK | MASTER_PORT) min=0 ;; *) min=1 ;; esac
+    [[ -z "${!v}" ]] || whole_number "--${option//_/-}" "${!v}" $min
 done
+NNODES=$((10#$NNODES))
+((NODE_RANK < NNODES)) || die "--node-rank must be below --nnodes ($NNODES), got '$NODE_RANK'"
 
 # set_flag FLAG VALUE: replace the recipe's value of FLAG in RECIPE_TRAIN
 set_flag() {
@@ -109,6 +114,68 @@ set_flag() {
     done
     RECIPE_TRAIN+=("$1" "$2")
 }
+# Flags train.sh builds itself (the model from --variant/--size, the rest from its options):
+# after "--" they are refused, as fairseq-train would take the last value and train another
+# model, or batch, than the one train.sh logs and checks.
+own_option_of() {
+    case "$1" in
+    --arch | --init-type | --residual-attention | --residual-attention-mode | --user-dir | --task)
+        echo "--variant / --size" ;;
+    -s | -t | --source-lang | --target-lang) echo "prepare.sh's data-bin (en -> fr)" ;;
+    --save-dir | --max-tokens | --update-freq | --max-update | --seed | --cpu) echo "$1" ;;
+    --max-epoch | --log-interval) echo "$1" ;;
+    --warmup-updates) echo "--warmup" ;;
+    --distributed-world-size) echo "--gpus / --nnodes" ;;
+    *) return 1 ;;
+    esac
+}
+
+# apply_extra: the fairseq-train arguments after "--". A flag train.sh builds is refused (one
+# line naming its train.sh option); a flag of the recipe replaces the recipe's value in place
+# (logged in one line); everything else is passed on after the recipe (logged in one line).
+apply_extra() {
+    local rest=() overrides=() i=0 word flag value j recipe_value
+    while ((i < ${#EXTRA[@]})); do
+        word=${EXTRA[i]}
+        flag=${word%%=*}
+        i=$((i + 1))
+        if [[ "$word" != -* ]]; then
+            rest+=("$word")
+            continue
+        fi
+        if own_option_of "$flag" >/dev/null; then
+            die "$flag after --: train.sh sets it (use $(own_option_of "$flag")); not passed to fairseq-train"
+        fi
+        for j in "${!RECIPE_TRAIN[@]}"; do
+            [[ "${RECIPE_TRAIN[j]}" == "$flag" ]] || continue
+            recipe_value=${RECIPE_TRAIN[j + 1]:-}
+            if [[ -z "$recipe_value" || "$recipe_value" == --* ]]; then
+                overrides+=("$flag (a switch the recipe sets already)")
+            else
+                if [[ "$word" == *=* ]]; then
+                    value=${word#*=}
+                else
+                    [[ $i -lt ${#EXTRA[@]} ]] || die "$flag after --: needs a value"
+                    value=${EXTRA[i]}
+                    i=$((i + 1))
+                fi
+                RECIPE_TRAIN[j + 1]=$value
+                overrides+=("$flag $recipe_value -> $value")
+            fi
+            continue 2
+        done
+        rest+=("$word")
+    done
+    EXTRA=("${rest[@]}")
+    if ((${#overrides[@]})); then
+        local joined
+        joined="$(printf '%s, ' "${overrides[@]}")"
+        log "overrides of the recipe ($RECIPE): ${joined%, }"
+    fi
+    if ((${#EXTRA[@]})); then log "passed on to fairseq-train after the recipe: ${EXTRA[*]}"; fi
+}
+apply_extra
+
 [[ -z "$MAX_EPOCH" ]] || set_flag --max-epoch "$MAX_EPOCH"
 [[ -z "$WARMUP" ]] || set_flag --warmup-updates "$WARMUP"
 [[ -z "$SEED" ]] || set_flag --seed "$SEED"
@@ -159,4 +226,5 @@ if [[ $DRY_RUN == 1 ]]; then
     exit 0
 fi
 [[ -f "$DATA_BIN/dict.$SRC.txt" ]] || die "$DATA_BIN/dict.$SRC.txt: missing (run prepare.sh, or fix --data-bin)"
+tools check-data-bin --src $SRC --tgt $TGT "$DATA_BIN" || exit 1
 stage_train

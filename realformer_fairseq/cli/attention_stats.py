@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from ..atomic_files import atomic_output, write_json_atomic
+from ..errors import RealformerConfigError
 from . import attention_plots
 
 logger = logging.getLogger("realformer_fairseq.cli.attention_stats")
@@ -534,7 +535,7 @@ def cli_main(argv: Optional[Sequence[str]] = None):
     args = parser.parse_args(argv)
     try:
         main(args)
-    except (AttentionStatsError, attention_plots.PlotsUnavailable) as err:
+    except (AttentionStatsError, attention_plots.PlotsUnavailable, RealformerConfigError) as err:
         parser.exit(2, f"{PROG}: error: {err}\n")
 
 

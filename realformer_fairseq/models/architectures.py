@@ -33,6 +33,7 @@ from fairseq import utils
 from fairseq.models import register_model_architecture
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.models.transformer import base_architecture as transformer_base_architecture
+from fairseq.models.transformer_align import transformer_align as transformer_align_architecture
 from fairseq.models.transformer_lm import base_lm_architecture, transformer_lm_gpt2_small
 
 from ..settings import FLAG_KEYS
@@ -84,47 +85,69 @@ _NMT_WIDTH = {
     "dropout": 0.1,
 }
 
+# encoder-decoder translation (model: realformer_transformer)
+_TRANSLATION_BASE = {
+    "residual_attention": "all",
+    # Google's realformer.py: the running mean "is found to be helpful for deep
+    # RealFormer models with 30+ layers" (the 60L-12L); its own default is the sum
+    "residual_attention_mode": "mean",
+    "init_type": "admin",
+    "admin_profile_out": None,
+    "admin_allow_pre_ln": False,
+}
+_TRANSLATION_SIZES = {
+    "wmt_en_fr": {**_NMT_WIDTH, "encoder_layers": 6, "decoder_layers": 6},
+    "wmt_en_fr_18_18": {**_NMT_WIDTH, "encoder_layers": 18, "decoder_layers": 18},
+    "wmt_en_fr_60_12": {**_NMT_WIDTH, "encoder_layers": 60, "decoder_layers": 12},
+    "tiny": {
+        "encoder_embed_dim": 64,
+        "encoder_ffn_embed_dim": 128,
+        "encoder_attention_heads": 2,
+        "decoder_embed_dim": SameAs("encoder_embed_dim"),
+        "decoder_ffn_embed_dim": SameAs("encoder_ffn_embed_dim"),
+        "decoder_attention_heads": 2,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+    },
+}
+_TRANSLATION_VARIANTS = {
+    # the paper's system: RealFormer (running mean, all three chains) + ADMIN
+    "realformer": {"residual_attention": "all", "init_type": "admin"},
+    # baselines at the same sizes
+    "admin_transformer": {"residual_attention": "none", "init_type": "admin"},
+    "postln_transformer": {"residual_attention": "none", "init_type": "default"},
+    "preln_transformer": {
+        "residual_attention": "none",
+        "init_type": "default",
+        "encoder_normalize_before": True,
+        "decoder_normalize_before": True,
+    },
+}
+
 FAMILIES: Dict[str, Family] = {
-    # encoder-decoder translation (model: realformer_transformer)
     "realformer_transformer": Family(
-        base={
-            "residual_attention": "all",
-            # Google's realformer.py: the running mean "is found to be helpful for deep
-            # RealFormer models with 30+ layers" (the 60L-12L); its own default is the sum
-            "residual_attention_mode": "mean",
-            "init_type": "admin",
-            "admin_profile_out": None,
-            "admin_allow_pre_ln": False,
-        },
+        base=_TRANSLATION_BASE,
         fairseq_base=transformer_base_architecture,
+        sizes=_TRANSLATION_SIZES,
+        variants=_TRANSLATION_VARIANTS,
+    ),
+    # the same with alignment supervision (Garg et al. 2019), as fairseq's transformer_align
+    # (model: realformer_transformer_align): fairseq's defaults (one head of layer 4,
+    # --alignment-heads 1 --alignment-layer 4); ``tiny`` has no layer 4 and supervises its
+    # first (of two) layer, the penultimate one as layer 4 is of fairseq's six
+    "realformer_transformer_align": Family(
+        base={
+            **_TRANSLATION_BASE,
+            "alignment_heads": 1,
+            "alignment_layer": 4,
+            "full_context_alignment": False,
+        },
+        fairseq_base=transformer_align_architecture,
         sizes={
-            "wmt_en_fr": {**_NMT_WIDTH, "encoder_layers": 6, "decoder_layers": 6},
-            "wmt_en_fr_18_18": {**_NMT_WIDTH, "encoder_layers": 18, "decoder_layers": 18},
-            "wmt_en_fr_60_12": {**_NMT_WIDTH, "encoder_layers": 60, "decoder_layers": 12},
-            "tiny": {
-                "encoder_embed_dim": 64,
-                "encoder_ffn_embed_dim": 128,
-                "encoder_attention_heads": 2,
-                "decoder_embed_dim": SameAs("encoder_embed_dim"),
-                "decoder_ffn_embed_dim": SameAs("encoder_ffn_embed_dim"),
-                "decoder_attention_heads": 2,
-                "encoder_layers": 2,
-                "decoder_layers": 2,
-            },
+            **_TRANSLATION_SIZES,
+            "tiny": {**_TRANSLATION_SIZES["tiny"], "alignment_layer": 0},
         },
-        variants={
-            # the paper's system: RealFormer (running mean, all three chains) + ADMIN
-            "realformer": {"residual_attention": "all", "init_type": "admin"},
-            # baselines at the same sizes
-            "admin_transformer": {"residual_attention": "none", "init_type": "admin"},
-            "postln_transformer": {"residual_attention": "none", "init_type": "default"},
-            "preln_transformer": {
-                "residual_attention": "none",
-                "init_type": "default",
-                "encoder_normalize_before": True,
-                "decoder_normalize_before": True,
-            },
-        },
+        variants={f"{name}_align": flags for name, flags in _TRANSLATION_VARIANTS.items()},
     ),
     # encoder-only masked LM / sentence prediction (model: realformer_roberta)
     "realformer_roberta": Family(

@@ -31,11 +31,16 @@ def arch_label(args, model_name: str) -> str:
     return f"--arch {arch or model_name}"
 
 
-def settings_for_build(args, model_chains: Sequence[str], model_name: str) -> RealformerSettings:
+def settings_for_build(
+    args, model_chains: Sequence[str], model_name: str, bert_options: bool = False
+) -> RealformerSettings:
     """The settings of a model with the chains ``model_chains``, read from ``args`` after the
     architecture's defaults; fairseq flags that the model would not carry out are refused.
-    ``model_name`` names the model in the messages. Raises :class:`RealformerConfigError`."""
-    settings = read_realformer_settings(args, model_chains=model_chains, model_name=model_name)
+    ``model_name`` names the model in the messages; ``bert_options``: the model carries out
+    the BERT options. Raises :class:`RealformerConfigError`."""
+    settings = read_realformer_settings(
+        args, model_chains=model_chains, model_name=model_name, bert_options=bert_options
+    )
     refuse_unsupported_flags(args, settings, model_chains)
     return settings
 

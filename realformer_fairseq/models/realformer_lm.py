@@ -119,6 +119,19 @@ class RealformerLanguageModel(
         return {}
 
     @classmethod
+    def from_pretrained(
+        cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs
+    ):
+        """fairseq's, plus a warning for a checkpoint of another model class."""
+        from .hub_interface import warn_if_not_plugin_model
+
+        hub = super().from_pretrained(
+            model_name_or_path, checkpoint_file, data_name_or_path, **kwargs
+        )
+        warn_if_not_plugin_model(hub.models, cls, f"{model_name_or_path}/{checkpoint_file}")
+        return hub
+
+    @classmethod
     def add_args(cls, parser):
         from fairseq.dataclass.utils import gen_parser_from_dataclass
 

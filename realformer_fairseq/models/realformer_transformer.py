@@ -290,6 +290,19 @@ class RealformerTransformerModel(
         return model
 
     @classmethod
+    def from_pretrained(
+        cls, model_name_or_path, checkpoint_file="model.pt", data_name_or_path=".", **kwargs
+    ):
+        """fairseq's, plus the task's languages for ``tokenizer="moses"`` and a warning for a
+        checkpoint of another model class (``models/hub_interface.py``)."""
+        from .hub_interface import translation_hub
+
+        hub = super().from_pretrained(
+            model_name_or_path, checkpoint_file, data_name_or_path, **kwargs
+        )
+        return translation_hub(hub, cls, kwargs, f"{model_name_or_path}/{checkpoint_file}")
+
+    @classmethod
     def build_encoder(cls, cfg, src_dict, embed_tokens):
         return RealformerTransformerEncoder(cfg, src_dict, embed_tokens)
 

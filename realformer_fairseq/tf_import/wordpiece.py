@@ -1,0 +1,314 @@
+"""BERT's WordPiece vocabulary and tokenisation for fairseq models imported from Google's
+BERT / RealFormer checkpoints (He, Ravula, Kanagal, Ainslie 2020, arXiv 2012.11747).
+
+Vocabulary. A BERT ``vocab.txt`` (one token a line, line number = id) becomes a fairseq
+:class:`~fairseq.data.Dictionary`: ``[CLS] [PAD] [SEP] [UNK]`` are fairseq's own
+``<s> <pad> </s> <unk>`` (ids 0-3, which every fairseq dictionary has first), ``[MASK]`` is
+``<mask>`` (the symbol fairseq's ``masked_lm`` and ``sentence_prediction`` tasks add), and every
+other token keeps its string and its BERT order after the four. :class:`WordPieceVocabulary`
+holds the two id mappings (``fairseq_ids[bert_id]``, ``bert_ids[fairseq_id]``).
+
+Tokenisation. :class:`BertTextTokenizer` is BERT's ``FullTokenizer`` (google-research/bert
+``tokenization.py``: ``BasicTokenizer`` + ``WordpieceTokenizer``) built from the maintained
+HuggingFace ``tokenizers`` package: ``BertNormalizer`` (drop control characters, spaces around
+CJK characters, and for uncased models lower-case + strip accents), ``BertPreTokenizer``
+(split on white space and punctuation), and the ``WordPiece`` model (greedy longest match,
+``##`` continuations, ``[UNK]`` for a word that does not split or is longer than 200
+characters, as in Google's code). Special tokens in the text are not special (``"[SEP]"`` is
+``[ ##sep ]``-like pieces, as in BERT).
+
+* :func:`encode_text` / :meth:`BertTextTokenizer.pieces`: raw text -> WordPiece strings in
+  the fairseq dictionary's spelling (``<unk>`` for ``[UNK]``), space-joined: the input of
+  ``fairseq-preprocess --srcdict dict.txt``; :meth:`WordPieceVocabulary.fairseq_token_ids`
+  turns pieces into fairseq ids.
+* ``--bpe wordpiece --wordpiece-vocab vocab.txt [--wordpiece-cased]``: the same, registered as
+  a fairseq BPE (hub ``encode()`` / ``fill_mask()``, ``fairseq-interactive``,
+  ``--mask-whole-words``).
+* ``realformer-wordpiece --vocab vocab.txt [--cased] --inputs a.txt --outputs a.wp``: the
+  same for files, one line in, one line out.
+"""
+
+import argparse
+import dataclasses
+import logging
+import sys
+from typing import Dict, Iterable, List, Optional, Sequence
+
+import numpy as np
+from fairseq.data import Dictionary
+from fairseq.data.encoders import register_bpe
+from fairseq.dataclass import FairseqDataclass
+
+from ..errors import RealformerConfigError
+
+logger = logging.getLogger(__name__)
+
+# BERT special token -> fairseq symbol
+SPECIAL_TOKENS = {
+    "[CLS]": "<s>",
+    "[PAD]": "<pad>",
+    "[SEP]": "</s>",
+    "[UNK]": "<unk>",
+    "[MASK]": "<mask>",
+}
+FAIRSEQ_BUILTINS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0-3 of every fairseq Dictionary
+MAX_INPUT_CHARS_PER_WORD = 200  # google-research/bert WordpieceTokenizer's default
+CONTINUATION_PREFIX = "##"
+
+
+class WordPieceError(RealformerConfigError):
+    """A vocabulary that cannot be used; the message is one line."""
+
+
+def read_vocab_file(path: str) -> List[str]:
+    """The tokens of a BERT ``vocab.txt`` in id order (each line stripped, as BERT's
+    ``load_vocab`` does)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [line.strip() for line in f]
+    except FileNotFoundError:
+        raise WordPieceError(f"no vocabulary file {path}") from None
+    except UnicodeDecodeError as err:
+        raise WordPieceError(f"{path}: not UTF-8 ({err.reason} at byte {err.start})") from None
+
+
+def fairseq_symbol(bert_token: str) -> str:
+    return SPECIAL_TOKENS.get(bert_token, bert_token)
+
+
+class WordPieceVocabulary:
+    """A BERT vocabulary and the fairseq dictionary made from it (see the module docstring)."""
+
+    def __init__(self, tokens: Sequence[str], source: str = "vocab.txt"):
+        self.tokens = list(tokens)
+        self.source = source
+        self._check()
+        self.dictionary = Dictionary()  # <s> <pad> </s> <unk>
+        for token in self.tokens:
+            symbol = fairseq_symbol(token)
+            if symbol not in FAIRSEQ_BUILTINS:
+                self.dictionary.add_symbol(symbol, n=1)
+        index = {sym: i for i, sym in enumerate(self.dictionary.symbols)}
+        self.fairseq_ids = np.array([index[fairseq_symbol(t)] for t in self.tokens], np.int64)
+        self.bert_ids = np.empty(len(self.tokens), np.int64)
+        self.bert_ids[self.fairseq_ids] = np.arange(len(self.tokens))
+        assert len(self.dictionary) == len(self.tokens)
+
+    @classmethod
+    def from_file(cls, path: str) -> "WordPieceVocabulary":
+        return cls(read_vocab_file(path), source=path)
+
+    def _check(self):
+        seen: Dict[str, int] = {}
+        for bert_id, token in enumerate(self.tokens):
+            where = f"{self.source} line {bert_id + 1}"
+            if not token:
+                raise WordPieceError(f"{where} is empty (BERT ids are line numbers)")
+            if any(ch.isspace() for ch in token):
+                raise WordPieceError(f"{where}: token {token!r} contains white space")
+            if token in seen:
+                raise WordPieceError(f"{where}: token {token!r} is also on line {seen[token] + 1}")
+            if token in SPECIAL_TOKENS.values():
+                raise WordPieceError(
+                    f"{where}: token {token!r} is a fairseq special symbol, which the BERT "
+                    f"special tokens {', '.join(SPECIAL_TOKENS)} become"
+                )
+            seen[token] = bert_id
+        missing = [t for t in SPECIAL_TOKENS if t not in seen]
+        if missing:
+            raise WordPieceError(f"{self.source} has no {', '.join(missing)} token")
+
+    def __len__(self):
+        return len(self.tokens)
+
+    def write_fairseq_dict(self, path: str):
+        """``dict.txt`` for fairseq (``symbol count``, without the four built-in symbols)."""
+        self.dictionary.save(path)
+
+    def bert_token_ids(self, pieces: Iterable[str]) -> List[int]:
+        """BERT ids of WordPiece strings in either spelling (``[UNK]`` or ``<unk>``)."""
+        fairseq_ids = self.fairseq_token_ids(pieces)
+        return [int(self.bert_ids[i]) for i in fairseq_ids]
+
+    def fairseq_token_ids(self, pieces: Iterable[str]) -> List[int]:
+        """fairseq ids of WordPiece strings (BERT or fairseq spelling); unknown -> ``<unk>``."""
+        return [self.dictionary.index(fairseq_symbol(p)) for p in pieces]
+
+    def looks_uncased(self) -> bool:
+        """True when no ordinary token has an upper-case letter (Google's uncased vocabularies;
+        the cased ones have thousands)."""
+        return not any(
+            any(ch.isupper() for ch in t)
+            for t in self.tokens
+            if t not in SPECIAL_TOKENS and not (t.startswith("[") and t.endswith("]"))
+        )
+
+
+class BertTextTokenizer:
+    """BERT's ``FullTokenizer`` (see the module docstring) over a BERT vocabulary."""
+
+    def __init__(self, tokens: Sequence[str], lowercase: bool):
+        from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
+
+        self.lowercase = lowercase
+        self._tokenizer = Tokenizer(
+            models.WordPiece(
+                vocab={t: i for i, t in enumerate(tokens)},
+                unk_token="[UNK]",
+                max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD,
+                continuing_subword_prefix=CONTINUATION_PREFIX,
+            )
+        )
+        self._tokenizer.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
+        )
+        self._tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+
+    @classmethod
+    def from_file(cls, vocab_path: str, lowercase: bool) -> "BertTextTokenizer":
+        return cls(read_vocab_file(vocab_path), lowercase)
+
+    def bert_pieces(self, text: str) -> List[str]:
+        """WordPiece strings of ``text`` as BERT writes them (``[UNK]``)."""
+        return self._tokenizer.encode(text, add_special_tokens=False).tokens
+
+    def pieces(self, text: str) -> List[str]:
+        """WordPiece strings of ``text`` in the fairseq dictionary's spelling (``<unk>``)."""
+        return [fairseq_symbol(p) for p in self.bert_pieces(text)]
+
+    def encode_lines(self, lines: Sequence[str]) -> List[str]:
+        """Each line as space-joined fairseq-spelled pieces (batched in Rust)."""
+        encodings = self._tokenizer.encode_batch(list(lines), add_special_tokens=False)
+        return [" ".join(fairseq_symbol(p) for p in e.tokens) for e in encodings]
+
+
+def encode_text(text: str, tokenizer: BertTextTokenizer) -> str:
+    """Raw text -> space-joined WordPiece pieces in fairseq's spelling (``fairseq-preprocess``
+    input for the imported model's ``dict.txt``)."""
+    return " ".join(tokenizer.pieces(text))
+
+
+def decode_pieces(text: str) -> str:
+    """Space-joined pieces -> text: ``##`` continuations joined to the piece before (BERT's
+    detokenisation; the lower-casing and accent stripping cannot be undone)."""
+    text = text.replace(" " + CONTINUATION_PREFIX, "")
+    return text[len(CONTINUATION_PREFIX) :] if text.startswith(CONTINUATION_PREFIX) else text
+
+
+# ------------------------------------------------------------------ fairseq --bpe wordpiece
+
+
+@dataclasses.dataclass
+class WordPieceBPEConfig(FairseqDataclass):
+    wordpiece_vocab: Optional[str] = dataclasses.field(
+        default=None, metadata={"help": "BERT vocab.txt (one WordPiece token a line)"}
+    )
+    wordpiece_cased: bool = dataclasses.field(
+        default=False,
+        metadata={
+            "help": "cased model: no lower-casing or accent stripping (BERT's "
+            "do_lower_case=False)"
+        },
+    )
+
+
+@register_bpe("wordpiece", dataclass=WordPieceBPEConfig)
+class WordPieceBPE:
+    """fairseq BPE ``wordpiece``: BERT's tokenisation (:class:`BertTextTokenizer`); pieces are
+    written in the fairseq dictionary's spelling."""
+
+    def __init__(self, cfg):
+        if not cfg.wordpiece_vocab:
+            raise WordPieceError("--bpe wordpiece needs --wordpiece-vocab vocab.txt")
+        self.vocab_tokens = read_vocab_file(cfg.wordpiece_vocab)  # BERT id order
+        self.tokenizer = BertTextTokenizer(self.vocab_tokens, lowercase=not cfg.wordpiece_cased)
+
+    def encode(self, x: str) -> str:
+        return encode_text(x, self.tokenizer)
+
+    def decode(self, x: str) -> str:
+        return decode_pieces(x)
+
+    def is_beginning_of_word(self, x: str) -> bool:
+        return not x.startswith(CONTINUATION_PREFIX)
+
+
+# ------------------------------------------------------------------ realformer-wordpiece
+
+PROG = "realformer-wordpiece"
+
+
+def get_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="BERT WordPiece tokenisation of raw text, one line in, one line out, in the "
+        "spelling of the fairseq dict.txt that realformer-import-tf writes (input of "
+        "fairseq-preprocess --srcdict OUT_DIR/dict.txt).",
+    )
+    parser.add_argument("--vocab", required=True, help="BERT vocab.txt")
+    case = parser.add_mutually_exclusive_group()
+    case.add_argument("--cased", action="store_true", help="cased model (no lower-casing)")
+    case.add_argument(
+        "--uncased", action="store_true", help="uncased model (lower-case, strip accents)"
+    )
+    parser.add_argument("--inputs", nargs="+", default=["-"], help="input files ('-': stdin)")
+    parser.add_argument("--outputs", nargs="+", default=["-"], help="output files ('-': stdout)")
+    return parser
+
+
+def _lines(path: str):
+    if path == "-":
+        return sys.stdin
+    return open(path, encoding="utf-8")
+
+
+def cli_main(argv: Optional[Sequence[str]] = None):
+    args = get_parser().parse_args(argv)
+    try:
+        if len(args.inputs) != len(args.outputs):
+            raise WordPieceError("give as many --outputs as --inputs")
+        vocab = WordPieceVocabulary.from_file(args.vocab)
+        lowercase = resolve_lowercase(vocab, cased=args.cased, uncased=args.uncased)
+        tokenizer = BertTextTokenizer(vocab.tokens, lowercase)
+        for src, dst in zip(args.inputs, args.outputs):
+            try:
+                fin = _lines(src)
+            except FileNotFoundError:
+                raise WordPieceError(f"no input file {src}") from None
+            fout = sys.stdout if dst == "-" else open(dst, "w", encoding="utf-8")
+            try:
+                batch: List[str] = []
+                for line in fin:
+                    batch.append(line.rstrip("\n"))
+                    if len(batch) == 10000:
+                        fout.write("".join(x + "\n" for x in tokenizer.encode_lines(batch)))
+                        batch = []
+                fout.write("".join(x + "\n" for x in tokenizer.encode_lines(batch)))
+            finally:
+                if fin is not sys.stdin:
+                    fin.close()
+                if fout is not sys.stdout:
+                    fout.close()
+    except (RealformerConfigError, OSError) as err:
+        raise SystemExit(f"{PROG}: error: {err}") from None
+
+
+def resolve_lowercase(vocab: WordPieceVocabulary, cased: bool, uncased: bool) -> bool:
+    """Lower-case (uncased model) unless ``cased``; with neither flag, as the vocabulary shows
+    (an uncased vocabulary has no upper-case token). Logged."""
+    if cased or uncased:
+        lowercase = uncased
+        how = "--uncased" if uncased else "--cased"
+    else:
+        lowercase = vocab.looks_uncased()
+        how = "the vocabulary has %s upper-case token" % ("no" if lowercase else "an")
+    logger.info(
+        "WordPiece: %s (%s)",
+        "uncased: lower-case and strip accents" if lowercase else "cased",
+        how,
+    )
+    return lowercase
+
+
+if __name__ == "__main__":
+    cli_main()
