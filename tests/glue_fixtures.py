@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Dict, List
 
 # task -> file -> rows (the header, where the file has one, is the first row)
+# fmt: off
 FIXTURES: Dict[str, Dict[str, List[List[str]]]] = {
     "CoLA": {
         "train.tsv": [
@@ -184,12 +185,18 @@ FIXTURES: Dict[str, Dict[str, List[List[str]]]] = {
     },
 }
 
+# fmt: on
+
 # GLUE's diagnostic set (AX), next to the task folders
 DIAGNOSTIC = [
     ["index", "sentence1", "sentence2"],
     ["0", "The cat sat on the mat.", "The cat did not sit on the mat."],
     ["1", "The cat did not sit on the mat.", "The cat sat on the mat."],
-    ["2", "When you've got no snow, it's really hard to learn a snow sport so we looked at all the different ways I could mimic being on snow without actually being on snow.", "When you've got snow, it's really hard to learn a snow sport so we looked at all the different ways I could mimic being on snow without actually being on snow."],
+    [
+        "2",
+        "When you've got no snow, it's really hard to learn a snow sport so we looked at all the different ways I could mimic being on snow without actually being on snow.",
+        "When you've got snow, it's really hard to learn a snow sport so we looked at all the different ways I could mimic being on snow without actually being on snow.",
+    ],
 ]
 
 # the inputs, labels and GLUE indices each task's files hold (what split must produce), per

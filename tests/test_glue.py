@@ -17,10 +17,12 @@ from pathlib import Path
 import pytest
 import torch
 from glue_fixtures import COLUMNS, DIAGNOSTIC, FIXTURES, SUBSET, write_glue, write_tsv
-from harness import REPO_ROOT, SHARED_DATA, USER_DIR
+from harness import REPO_ROOT, SHARED_DATA, USER_DIR, realformer_tf_fixture
 
 GLUE = REPO_ROOT / "examples" / "glue"
-FAIRSEQ_FINETUNING = Path(__import__("fairseq").__file__).parent / "examples/roberta/config/finetuning"
+FAIRSEQ_FINETUNING = (
+    Path(__import__("fairseq").__file__).parent / "examples/roberta/config/finetuning"
+)
 
 
 def bash(script, *args, timeout=900):
@@ -103,7 +105,19 @@ def test_qqp_malformed_rows_are_dropped_counted_and_reported(tmp_path, dummy_tok
     row stops (every test row needs a prediction)."""
     glue = write_glue(tmp_path / "glue", ["QQP"])
     rows = FIXTURES["QQP"]["train.tsv"]
-    broken = rows[:2] + [["7", "11", "12", "How do I", ], ["fix this?", "Why?", "0"]] + rows[2:]
+    broken = (
+        rows[:2]
+        + [
+            [
+                "7",
+                "11",
+                "12",
+                "How do I",
+            ],
+            ["fix this?", "Why?", "0"],
+        ]
+        + rows[2:]
+    )
     write_tsv(glue / "QQP" / "train.tsv", broken)
     proc = ok(split_only(glue, "QQP", tmp_path / "w", dummy_tokenizer))
     assert ("glue: QQP train.tsv: dropped 2 malformed rows (not 6 columns, as fairseq's "
@@ -122,17 +136,39 @@ def test_qqp_malformed_rows_are_dropped_counted_and_reported(tmp_path, dummy_tok
     "task,file,edit,expected",
     [
         ("MRPC", "dev.tsv", None, ["dev.tsv: missing file (MRPC needs dev.tsv)"]),
-        ("RTE", "train.tsv", lambda r: r[:2] + [r[2][:3]], ["train.tsv line 3: 3 columns",
-                                                         "RTE's train.tsv has 4"]),
-        ("MNLI", "dev_matched.tsv", lambda r: r[:2] + [r[2][:15] + ["entailed"]],
-         ["dev_matched.tsv line 3: unknown label 'entailed'",
-          "MNLI labels: entailment, neutral, contradiction"]),
-        ("STS-B", "train.tsv", lambda r: r[:2] + [r[2][:9] + ["7.5"]],
-         ["train.tsv line 3: label '7.5' is not a number in [0, 5]"]),
-        ("CoLA", "train.tsv", lambda r: r[:1] + [r[1][:1] + ["yes"] + r[1][2:]],
-         ["train.tsv line 2: unknown label 'yes' (CoLA labels: 0, 1)"]),
-        ("SST-2", "test.tsv", lambda r: [r[0] + ["label"]] + r[1:],
-         ["test.tsv line 1: header of 3 columns, SST-2's test.tsv has 2 (index, sentence)"]),
+        (
+            "RTE",
+            "train.tsv",
+            lambda r: r[:2] + [r[2][:3]],
+            ["train.tsv line 3: 3 columns", "RTE's train.tsv has 4"],
+        ),
+        (
+            "MNLI",
+            "dev_matched.tsv",
+            lambda r: r[:2] + [r[2][:15] + ["entailed"]],
+            [
+                "dev_matched.tsv line 3: unknown label 'entailed'",
+                "MNLI labels: entailment, neutral, contradiction",
+            ],
+        ),
+        (
+            "STS-B",
+            "train.tsv",
+            lambda r: r[:2] + [r[2][:9] + ["7.5"]],
+            ["train.tsv line 3: label '7.5' is not a number in [0, 5]"],
+        ),
+        (
+            "CoLA",
+            "train.tsv",
+            lambda r: r[:1] + [r[1][:1] + ["yes"] + r[1][2:]],
+            ["train.tsv line 2: unknown label 'yes' (CoLA labels: 0, 1)"],
+        ),
+        (
+            "SST-2",
+            "test.tsv",
+            lambda r: [r[0] + ["label"]] + r[1:],
+            ["test.tsv line 1: header of 3 columns, SST-2's test.tsv has 2 (index, sentence)"],
+        ),
     ],
     ids=["missing-file", "column-count", "unknown-label", "stsb-range", "cola-label", "header"],
 )
@@ -153,8 +189,10 @@ def test_prepare_arguments_are_checked_in_one_line(tmp_path, dummy_tokenizer):
     one_error_line(proc, glue / "diagnostic" / "diagnostic.tsv", "missing file")
     ok(split_only(glue, "MNLI", tmp_path / "w", dummy_tokenizer, "--no-diagnostic"))
     assert not (tmp_path / "w" / "split" / "test2.input0").exists()
-    one_error_line(split_only(glue, "GLUE", tmp_path / "w", dummy_tokenizer),
-                   "--task must be one of CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI")
+    one_error_line(
+        split_only(glue, "GLUE", tmp_path / "w", dummy_tokenizer),
+        "--task must be one of CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE, WNLI",
+    )
     proc = bash("prepare.sh", "--task", "MNLI", "--glue-dir", glue)
     one_error_line(proc, "--bpe-codes FILE --dict FILE, or --wordpiece-vocab FILE")
     proc = bash("prepare.sh", "--task", "MNLI", "--glue-dir", glue, *dummy_tokenizer[:2])
@@ -231,7 +269,9 @@ def test_finetune_dry_run_is_fairseqs_recipe(task, tmp_path):
                      "--finetune-from-model": "/nonexistent/model.pt",
                      "--save-dir": str(Path.cwd() / "glue_checkpoints" / task)})  # fmt: skip
     assert flags == expected
-    assert "/nonexistent/model.pt: missing, so its model flags are not in this command" in proc.stderr
+    assert (
+        "/nonexistent/model.pt: missing, so its model flags are not in this command" in proc.stderr
+    )
 
 
 def test_finetune_overrides_and_cpu(tmp_path):
@@ -240,10 +280,19 @@ def test_finetune_overrides_and_cpu(tmp_path):
                    "--warmup", "3", "--seed", "7", "--batch-size", "8", "--pair-layout", "bert",
                    "--dry-run", "--", "--patience", "2"))  # fmt: skip
     _, flags = parse_flags(proc.stdout)
-    assert (flags["--lr"], flags["--max-update"], flags["--total-num-update"]) == ("3e-4", "50", "50")
+    assert (flags["--lr"], flags["--max-update"], flags["--total-num-update"]) == (
+        "3e-4",
+        "50",
+        "50",
+    )
     assert (flags["--warmup-updates"], flags["--seed"], flags["--batch-size"]) == ("3", "7", "8")
     assert "--cpu" in flags and flags["--patience"] == "2"
-    assert not {"--fp16", "--fp16-init-scale", "--threshold-loss-scale", "--fp16-scale-window"} & set(flags)
+    assert not {
+        "--fp16",
+        "--fp16-init-scale",
+        "--threshold-loss-scale",
+        "--fp16-scale-window",
+    } & set(flags)
     assert "--separator-token" not in flags  # BERT's [CLS] A [SEP] B [SEP]
     one_error_line(bash("finetune.sh", "--task", "RTE", "--data-bin", "d", "--checkpoint",
                         "/nonexistent.pt"), "/nonexistent.pt: missing checkpoint file")  # fmt: skip
@@ -305,7 +354,10 @@ def test_recipe_sources_are_lines_of_fairseqs_files():
 def test_readme_recipe_table_is_the_recipe_module():
     table = subprocess.run([sys.executable, GLUE / "recipes.py", "table"], stdout=subprocess.PIPE,
                            text=True, check=True).stdout.strip()  # fmt: skip
-    assert "| `--lr` | `1e-05` | `1e-05` | `1e-05` | `2e-05` | `1e-05` | `1e-05` | `1e-05` | `2e-05` | `2e-05` |" in table
+    assert (
+        "| `--lr` | `1e-05` | `1e-05` | `1e-05` | `2e-05` | `1e-05` | `1e-05` | `1e-05` | `2e-05` | `2e-05` |"
+        in table
+    )
     assert table in (GLUE / "README.md").read_text(encoding="utf-8")
 
 
@@ -335,13 +387,23 @@ def test_model_flags_repeat_what_the_arch_does_not_set():
                                "--admin-profile-out", "/tmp/omega.json")  # fmt: skip
     arch, flags, facts = glue_tools.model_flags({"cfg": {"model": args}}, ["dropout"])
     assert arch == "realformer_bert_small"
-    assert flags == ["--encoder-layers", "3", "--activation-fn", "gelu_accurate",
-                     "--residual-attention-mode", "mean", "--init-type", "admin-closed-form"]
+    assert flags == [
+        "--encoder-layers",
+        "3",
+        "--activation-fn",
+        "gelu_accurate",
+        "--residual-attention-mode",
+        "mean",
+        "--init-type",
+        "admin-closed-form",
+    ]
     assert facts == {"max_positions": None, "type_vocab_size": 0}  # set by build_model
     plain = masked_lm_namespace("--arch", "preln_bert_tiny")
-    assert glue_tools.model_flags({"cfg": {"model": plain}}, ()) [1] == []
+    assert glue_tools.model_flags({"cfg": {"model": plain}}, ())[1] == []
     with pytest.raises(glue_tools.InputError, match="not an encoder-only model"):
-        glue_tools.model_flags({"cfg": {"model": masked_lm_namespace("--arch", "realformer_tiny")}}, ())
+        glue_tools.model_flags(
+            {"cfg": {"model": masked_lm_namespace("--arch", "realformer_tiny")}}, ()
+        )
 
 
 # ------------------------------------------------------------------ GLUE's metrics
@@ -355,9 +417,12 @@ def test_metrics_are_glues():
 
     gold, pred = list("11001"), list("10011")
     mrpc = glue_tools.glue_metrics(glue_tools.TASKS["MRPC"], gold, pred)
-    assert mrpc == pytest.approx({"accuracy": 60.0, "f1": 200 / 3, "acc_and_f1": (60 + 200 / 3) / 2})
+    assert mrpc == pytest.approx(
+        {"accuracy": 60.0, "f1": 200 / 3, "acc_and_f1": (60 + 200 / 3) / 2}
+    )
     assert glue_tools.glue_metrics(glue_tools.TASKS["CoLA"], gold, pred) == pytest.approx(
-        {"accuracy": 60.0, "mcc": 100 / 6})
+        {"accuracy": 60.0, "mcc": 100 / 6}
+    )
     # STS-B: a linear relation (Pearson 1), and ranks reversed in one pair (Spearman 1 - 6*2/(4*15))
     stsb = glue_tools.TASKS["STS-B"]
     got = glue_tools.glue_metrics(stsb, ["1", "2", "3", "4"], ["0.5", "1", "1.5", "2"])
@@ -375,12 +440,12 @@ def test_metrics_are_glues():
 # the end-to-end task (studies/glue_pairs.py): Tatoeba pairs in MRPC's layout
 SIZES = {"pretrain": 10000, "train": 4000, "dev": 400, "test": 200}
 MLM = argparse.Namespace(layers=2, width=64, ffn=128, heads=2, tokens_per_sample=128,
-                         mlm_batch=16, mlm_updates=600, lr=3e-3, warmup=100, max_update=600)  # fmt: skip
+                         mlm_batch=16, mlm_updates=300, lr=3e-3, warmup=100, max_update=300)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
 def pretrained(tmp_path_factory):
-    """A tiny RealFormer BERT pre-trained with fairseq's masked_lm (600 updates, the running
+    """A tiny RealFormer BERT pre-trained with fairseq's masked_lm (300 updates, the running
     mean instead of the arch's sum, so that finetune.sh must carry the flag), its BPE codes and
     dictionary, and the translation-pair task in MRPC's layout."""
     from studies import glue_pairs, runs
@@ -415,11 +480,10 @@ def train_command(save_dir):
 
 
 @pytest.fixture(scope="module")
-def rte(pretrained, tmp_path_factory):
-    """The RTE fixture prepared with the pre-trained model's BPE and dictionary."""
-    work = tmp_path_factory.mktemp("rte")
-    prepare_task(pretrained, "RTE", write_glue(work / "glue", ["RTE"]), work / "w")
-    return work / "w"
+def rte(readme_run):
+    """The RTE fixture prepared with the pre-trained model's BPE and dictionary (by the
+    README's first block)."""
+    return readme_run["root"] / "glue_work" / "RTE"
 
 
 def test_sentence_pair_layouts_roberta_and_bert(pretrained, rte):
@@ -430,8 +494,21 @@ def test_sentence_pair_layouts_roberta_and_bert(pretrained, rte):
 
     data_bin = rte / "data-bin"
     for layout, between in (("roberta", ["</s>", "</s>"]), ("bert", ["</s>"])):
-        out = ok(bash("finetune.sh", "--task", "RTE", "--data-bin", data_bin, "--checkpoint",
-                      pretrained["checkpoint"], "--pair-layout", layout, "--cpu", "--dry-run"))
+        out = ok(
+            bash(
+                "finetune.sh",
+                "--task",
+                "RTE",
+                "--data-bin",
+                data_bin,
+                "--checkpoint",
+                pretrained["checkpoint"],
+                "--pair-layout",
+                layout,
+                "--cpu",
+                "--dry-run",
+            )
+        )
         words = shlex.split(out.stdout)[2:]  # after fairseq-train DATA
         args = options.parse_args_and_arch(options.get_training_parser(), [str(data_bin), *words])
         task = tasks.setup_task(args)
@@ -451,17 +528,45 @@ def test_mnli_from_glue_files_to_server_files(pretrained, tmp_path):
     glue = write_glue(tmp_path / "glue", ["MNLI"])
     data_bin = tmp_path / "w" / "data-bin"
     prepare_task(pretrained, "MNLI", glue, tmp_path / "w")
-    assert lines(data_bin / "label" / "dict.txt") == ["entailment 1", "neutral 1", "contradiction 1"]
-    for subset, n in (("train", 5), ("valid", 3), ("valid1", 2), ("test", 2), ("test1", 1), ("test2", 3)):
-        assert (data_bin / "input0" / f"{subset}.bin").exists() and (data_bin / "input1" / f"{subset}.idx").exists()
+    assert lines(data_bin / "label" / "dict.txt") == [
+        "entailment 1",
+        "neutral 1",
+        "contradiction 1",
+    ]
+    for subset, n in (
+        ("train", 5),
+        ("valid", 3),
+        ("valid1", 2),
+        ("test", 2),
+        ("test1", 1),
+        ("test2", 3),
+    ):
+        assert (data_bin / "input0" / f"{subset}.bin").exists() and (
+            data_bin / "input1" / f"{subset}.idx"
+        ).exists()
         assert len(lines(data_bin / "glue" / f"{subset}.index")) == n, subset
-    finetune(pretrained, "MNLI", data_bin, tmp_path / "ft", "--max-update", "2", "--warmup", "1",
-             "--batch-size", "2", "--", "--valid-subset", "valid,valid1")
+    finetune(
+        pretrained,
+        "MNLI",
+        data_bin,
+        tmp_path / "ft",
+        "--max-update",
+        "2",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "2",
+        "--",
+        "--valid-subset",
+        "valid,valid1",
+    )
     assert train_command(tmp_path / "ft")["--num-classes"] == "3"
     proc = ok(bash("evaluate.sh", "--task", "MNLI", "--data-bin", data_bin, "--checkpoint-dir",
                    tmp_path / "ft", "--out-dir", tmp_path / "eval", "--cpu"))  # fmt: skip
     results = json.loads((tmp_path / "eval" / "results.dev.json").read_text())
-    assert sorted(results["candidates"]) == [str(tmp_path / "ft" / f"checkpoint_{n}.pt") for n in ("best", "last")]
+    assert sorted(results["candidates"]) == [
+        str(tmp_path / "ft" / f"checkpoint_{n}.pt") for n in ("best", "last")
+    ]
     gold = {"valid": ["neutral", "contradiction", "entailment"], "valid1": ["contradiction"] * 2}
     for subset, labels in gold.items():
         pred = lines(Path(results["pred_dir"]) / f"{subset}.pred")
@@ -470,13 +575,19 @@ def test_mnli_from_glue_files_to_server_files(pretrained, tmp_path):
         assert results["subsets"][subset]["metrics"]["accuracy"] == pytest.approx(acc)
     assert results["subsets"]["valid1"]["file"] == "dev_mismatched.tsv"
     sub = tmp_path / "eval" / "submission"
-    for name, indices in (("MNLI-m.tsv", ["0", "1"]), ("MNLI-mm.tsv", ["0"]), ("AX.tsv", ["0", "1", "2"])):
+    for name, indices in (
+        ("MNLI-m.tsv", ["0", "1"]),
+        ("MNLI-mm.tsv", ["0"]),
+        ("AX.tsv", ["0", "1", "2"]),
+    ):
         rows = [line.split("\t") for line in lines(sub / name)]
         assert rows[0] == ["index", "prediction"]
         assert [r[0] for r in rows[1:]] == indices
         assert {r[1] for r in rows[1:]} <= {"entailment", "neutral", "contradiction"}
     assert f"{sub / 'MNLI-m.tsv'}: 2 predictions (the GLUE server expects 9796)" in proc.stderr
-    assert "MNLI dev_matched.tsv: accuracy" in proc.stdout and "MNLI dev_mismatched.tsv" in proc.stdout
+    assert (
+        "MNLI dev_matched.tsv: accuracy" in proc.stdout and "MNLI dev_mismatched.tsv" in proc.stdout
+    )
 
 
 def test_stsb_regression_from_glue_files_to_server_file(pretrained, tmp_path):
@@ -490,12 +601,34 @@ def test_stsb_regression_from_glue_files_to_server_file(pretrained, tmp_path):
     assert lines(data_bin / "label" / "train.label") == ["1", "0.76", "0.76", "0.52"]
     assert lines(data_bin / "label" / "valid.label") == ["1", "0.95", "1", "0.48"]
     assert not (data_bin / "label" / "dict.txt").exists()
-    finetune(pretrained, "STS-B", data_bin, tmp_path / "ft", "--max-update", "2", "--warmup", "1",
-             "--batch-size", "2")
+    finetune(
+        pretrained,
+        "STS-B",
+        data_bin,
+        tmp_path / "ft",
+        "--max-update",
+        "2",
+        "--warmup",
+        "1",
+        "--batch-size",
+        "2",
+    )
     flags = train_command(tmp_path / "ft")
     assert "--regression-target" in flags and flags["--num-classes"] == "1"
-    ok(bash("evaluate.sh", "--task", "STS-B", "--data-bin", data_bin, "--checkpoint",
-            tmp_path / "ft" / "checkpoint_last.pt", "--out-dir", tmp_path / "eval", "--cpu"))
+    ok(
+        bash(
+            "evaluate.sh",
+            "--task",
+            "STS-B",
+            "--data-bin",
+            data_bin,
+            "--checkpoint",
+            tmp_path / "ft" / "checkpoint_last.pt",
+            "--out-dir",
+            tmp_path / "eval",
+            "--cpu",
+        )
+    )
     results = json.loads((tmp_path / "eval" / "results.dev.json").read_text())
     pred = np.array([float(x) for x in lines(Path(results["pred_dir"]) / "valid.pred")])
     gold = np.array([5.0, 4.75, 5.0, 2.4])
@@ -506,7 +639,9 @@ def test_stsb_regression_from_glue_files_to_server_file(pretrained, tmp_path):
         ordered = sorted(x)
         return np.array([np.mean([i for i, v in enumerate(ordered) if v == xi]) for xi in x])
 
-    assert metrics["spearman"] == pytest.approx(100 * np.corrcoef(ranks(pred), ranks(gold))[0, 1], abs=1e-6)
+    assert metrics["spearman"] == pytest.approx(
+        100 * np.corrcoef(ranks(pred), ranks(gold))[0, 1], abs=1e-6
+    )
     rows = [line.split("\t") for line in lines(tmp_path / "eval" / "submission" / "STS-B.tsv")]
     assert rows[0] == ["index", "prediction"] and [r[0] for r in rows[1:]] == ["0", "1"]
     assert all(0.0 <= float(r[1]) <= 5.0 and re.fullmatch(r"\d\.\d{3}", r[1]) for r in rows[1:])
@@ -519,6 +654,159 @@ def test_evaluate_refuses_what_it_cannot_score(pretrained, rte, tmp_path):
     proc = bash("evaluate.sh", "--task", "RTE", "--data-bin", data_bin, "--checkpoint",
                 pretrained["checkpoint"], "--out-dir", tmp_path / "eval", "--cpu")  # fmt: skip
     one_error_line(proc, "a masked_lm checkpoint, not a fine-tuned one (sentence_prediction)")
+
+
+# ------------------------------------------------------------------ WordPiece (imported BERT)
+
+# words of the TF fixture's vocab.txt (so that the text is not all [UNK])
+WORDS = (
+    "the a cat dog sat on mat is was and it to of in red blue big small house tree run "
+    "quick brown fox jump over lazy play happy sad book read write sun moon star"
+).split()
+
+
+def test_wordpiece_model_gets_berts_pair_layout(readme_run):
+    """RTE with the model imported from Google's checkpoint by the README's second block:
+    WordPiece with its vocab.txt (uncased) and dict.txt, the model's flags from the checkpoint
+    (the same model as the importer's model_args.txt builds), BERT's [CLS] A [SEP] B [SEP] with
+    segment ids 0 / 1 (no --separator-token, chosen because the model has token types)."""
+    from fairseq import options, tasks
+
+    from realformer_fairseq.modules.bert import segment_ids_from_separator
+    from realformer_fairseq.tf_import.wordpiece import BertTextTokenizer
+
+    root = readme_run["root"]
+    imported = root / "realformer_base_fs"
+    work = root / "glue_work" / "RTE-wordpiece"
+    data_bin = work / "data-bin"
+    assert "TOKENIZER=wordpiece" in lines(data_bin / "prepare.env")
+    tokenizer = BertTextTokenizer.from_file(str(imported / "vocab.txt"), lowercase=True)
+    dev = FIXTURES["RTE"]["dev.tsv"][1:]
+    assert lines(work / "tok" / "valid.input0") == tokenizer.encode_lines([r[1] for r in dev])
+    proc = ok(bash("finetune.sh", "--task", "RTE", "--data-bin", data_bin, "--checkpoint",
+                   imported / "model.pt", "--cpu", "--dry-run"))  # fmt: skip
+    assert "pair layout bert" in proc.stderr
+    words = shlex.split(proc.stdout)[2:]
+    _, flags = parse_flags(proc.stdout)
+    assert "--separator-token" not in flags and flags["--max-positions"] == "64"
+    ours = options.parse_args_and_arch(options.get_training_parser(), [str(data_bin), *words])
+    theirs = options.parse_args_and_arch(
+        options.get_training_parser(),
+        [str(data_bin), *words[: words.index("--arch")],
+         *(imported / "model_args.txt").read_text().split(),
+         "--task", "sentence_prediction", "--num-classes", "2"],
+    )  # fmt: skip
+    for key in (
+        "arch",
+        "encoder_layers",
+        "encoder_embed_dim",
+        "encoder_ffn_embed_dim",
+        "encoder_attention_heads",
+        "max_positions",
+        "activation_fn",
+        "pooler_activation_fn",
+        "layernorm_eps",
+        "type_vocab_size",
+        "bert_pooler",
+        "residual_attention",
+        "residual_attention_mode",
+        "init_type",
+        "activation_dropout",
+        "pooler_dropout",
+    ):
+        assert getattr(ours, key) == getattr(theirs, key), key
+    task = tasks.setup_task(ours)
+    task.load_dataset("valid")
+    d = task.source_dictionary
+    batch = task.dataset("valid").collater([task.dataset("valid")[i] for i in range(2)])
+    a = lines(work / "tok" / "valid.input0")
+    b = lines(work / "tok" / "valid.input1")
+    for i, row in zip(batch["id"].tolist(), batch["net_input"]["src_tokens"].tolist()):
+        symbols = [d[t] for t in row if t != d.pad()]
+        assert symbols == ["<s>", *a[i].split(), "</s>", *b[i].split(), "</s>"]
+    types = segment_ids_from_separator(batch["net_input"]["src_tokens"], d.eos(), d.pad())
+    for row, tok in zip(types.tolist(), batch["net_input"]["src_tokens"].tolist()):
+        n_a = tok.index(d.eos()) + 1
+        n = sum(t != d.pad() for t in tok)
+        assert row == [0] * n_a + [1] * (n - n_a) + [0] * (len(tok) - n)
+
+
+# ------------------------------------------------------------------ the README
+
+
+def readme_blocks():
+    text = (GLUE / "README.md").read_text(encoding="utf-8")
+    return re.findall(r"```bash\n(.*?)```", text, re.S)
+
+
+@pytest.fixture(scope="module")
+def readme_run(pretrained, tmp_path_factory):
+    """The README's blocks in a folder laid out as it assumes (glue_data/ with every task's
+    fixture, a masked_lm checkpoint with its codes and dictionary, Google's checkpoint as
+    realformer_base/), run by bash as printed with these substitutions only: finetune.sh gets
+    --cpu --max-update 2 --warmup 1 --batch-size 4 (the recipe's GPU run would take hours),
+    evaluate.sh --cpu; the all-tasks loop runs its three scripts with --dry-run for MNLI and STS-B,
+    and its copy / zip lines are not run."""
+    blocks = readme_blocks()
+    assert len(blocks) == 3
+    root = tmp_path_factory.mktemp("readme") / "layout"
+    out = {"root": root}
+    write_glue(root / "glue_data")
+    (root / "examples").mkdir(parents=True)
+    (root / "examples" / "glue").symlink_to(GLUE)
+    (root / "examples" / "wmt14_en_fr").symlink_to(REPO_ROOT / "examples" / "wmt14_en_fr")
+    (root / "realformer_fairseq").symlink_to(REPO_ROOT / "realformer_fairseq")
+    for link, target in (("bpe/codes", pretrained["codes"]), ("data-bin/mlm/dict.txt", pretrained["dict"]),
+                         ("checkpoints/mlm/checkpoint_best.pt", pretrained["checkpoint"]),
+                         ("realformer_base/bert_model.ckpt.index", realformer_tf_fixture("model.ckpt.index")),
+                         ("realformer_base/bert_model.ckpt.data-00000-of-00001",
+                          realformer_tf_fixture("model.ckpt.data-00000-of-00001")),
+                         ("realformer_base/bert_config.json", realformer_tf_fixture("bert_config.json")),
+                         ("realformer_base/vocab.txt", realformer_tf_fixture("vocab.txt"))):  # fmt: skip
+        (root / link).parent.mkdir(parents=True, exist_ok=True)
+        (root / link).symlink_to(target)
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # fmt: skip
+    finetune = "bash examples/glue/finetune.sh --cpu --max-update 2 --warmup 1 --batch-size 4"
+    for i, block in enumerate(blocks):
+        if block.startswith("for task in"):
+            # the loop over MNLI and STS-B (their own layouts; a fine-tuning dry run reads the
+            # checkpoint, seconds a task), without the copy and zip lines
+            block = block[: block.index("done\n") + 5]
+            block = block.replace("CoLA SST-2 MRPC STS-B QQP MNLI QNLI RTE WNLI", "MNLI STS-B")
+            for script in ("prepare", "finetune", "evaluate"):
+                block = block.replace(
+                    f"examples/glue/{script}.sh", f"examples/glue/{script}.sh --dry-run"
+                )
+        else:
+            block = block.replace("bash examples/glue/finetune.sh", finetune)
+            block = block.replace(
+                "bash examples/glue/evaluate.sh", "bash examples/glue/evaluate.sh --cpu"
+            )
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=root, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+        assert proc.returncode == 0, (i, block, proc.stderr[-3000:])
+        out[i] = proc
+    return out
+
+
+def test_readme_commands_run_as_printed(readme_run):
+    """The README's three blocks ran (fixture above): both tasks' scores and server files, and
+    the all-tasks loop's plans for MNLI and STS-B."""
+    root = readme_run["root"]
+    loop = readme_run[2].stdout
+    assert loop.count("stage binarize: to run") == 2 and loop.count("fairseq-train") == 2
+    assert "--task MNLI --checkpoint" in loop and "--task STS-B --checkpoint" in loop
+    for run in ("RTE", "RTE-wordpiece"):
+        results = json.loads(
+            (root / "glue_checkpoints" / run / "eval" / "results.dev.json").read_text()
+        )
+        assert results["subsets"]["valid"]["examples"] == 2 and results["task"] == "RTE"
+        assert (
+            lines(root / "glue_checkpoints" / run / "eval" / "submission" / "RTE.tsv")[0]
+            == "index\tprediction"
+        )
+    assert "RTE dev.tsv: accuracy" in readme_run[0].stdout
 
 
 # ------------------------------------------------------------------ end to end
@@ -534,8 +822,23 @@ def test_end_to_end_translation_pairs_above_the_majority_class(pretrained, tmp_p
 
     data_bin = tmp_path / "w" / "data-bin"
     prepare_task(pretrained, "MRPC", pretrained["glue"], tmp_path / "w")
-    finetune(pretrained, "MRPC", data_bin, tmp_path / "ft", "--lr", "5e-4", "--max-update", "500",
-             "--warmup", "30", "--log-interval", "100", "--", "--validate-interval-updates", "100")
+    finetune(
+        pretrained,
+        "MRPC",
+        data_bin,
+        tmp_path / "ft",
+        "--lr",
+        "5e-4",
+        "--max-update",
+        "500",
+        "--warmup",
+        "30",
+        "--log-interval",
+        "100",
+        "--",
+        "--validate-interval-updates",
+        "100",
+    )
     flags = train_command(tmp_path / "ft")
     assert flags["--residual-attention-mode"] == "mean" and flags["--max-positions"] == "128"
     assert flags["--best-checkpoint-metric"] == "acc_and_f1"
@@ -550,7 +853,9 @@ def test_end_to_end_translation_pairs_above_the_majority_class(pretrained, tmp_p
     majority = dev["majority_class"]["metrics"]["accuracy"]
     assert majority == pytest.approx(50.0)  # the task is balanced
     assert dev["metrics"]["accuracy"] >= majority + 15, (dev, proc.stdout)
-    test = glue_pairs.test_accuracy(Path(results["test_predictions"]["test"]), pretrained["test_labels"])
+    test = glue_pairs.test_accuracy(
+        Path(results["test_predictions"]["test"]), pretrained["test_labels"]
+    )
     assert test >= 50.0 + 15, test
     rows = lines(tmp_path / "eval" / "submission" / "MRPC.tsv")
     assert rows[0] == "index\tprediction" and len(rows) == 1 + SIZES["test"]

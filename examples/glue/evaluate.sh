@@ -11,8 +11,8 @@ usage() {
 usage: evaluate.sh --task TASK --data-bin DIR (--checkpoint FILE | --checkpoint-dir DIR)
                    [--out-dir DIR] [--batch-size N] [--cpu] [--no-test] [--force] [--dry-run]
 
-Stages (each skipped on a re-run with the same checkpoint and settings):
-  predict_dev (per checkpoint), score (per checkpoint), select, predict_test, submit
+Stages (each skipped on a re-run with the same checkpoints and settings):
+  predict_dev (every checkpoint, with its scores), select, predict_test, submit
 
   --checkpoint FILE      one fine-tuned checkpoint
   --checkpoint-dir DIR   every checkpoint*.pt there (finetune.sh's --save-dir: checkpoint_best.pt
@@ -64,24 +64,37 @@ elif [[ -n "$CHECKPOINT" ]]; then
     [[ -f "$CHECKPOINT" ]] || die "$CHECKPOINT: missing checkpoint file"
     CANDIDATES=("$(cd "$(dirname "$CHECKPOINT")" && pwd)/$(basename "$CHECKPOINT")")
 elif [[ -n "$CHECKPOINT_DIR" ]]; then
-    [[ -d "$CHECKPOINT_DIR" ]] || die "$CHECKPOINT_DIR: missing checkpoint folder"
-    CHECKPOINT_DIR="$(cd "$CHECKPOINT_DIR" && pwd)"
-    # checkpoint_best.pt first: it wins a tie
-    for f in "$CHECKPOINT_DIR/checkpoint_best.pt" "$CHECKPOINT_DIR"/checkpoint*.pt; do
-        [[ -f "$f" && ! " ${CANDIDATES[*]} " =~ " $f " ]] && CANDIDATES+=("$f")
-    done
-    [[ ${#CANDIDATES[@]} -gt 0 ]] || die "$CHECKPOINT_DIR: no checkpoint*.pt"
+    if [[ ! -d "$CHECKPOINT_DIR" && $DRY_RUN == 1 ]]; then
+        warn "$CHECKPOINT_DIR: missing (not trained yet?): listing its checkpoint_best.pt"
+        [[ "$CHECKPOINT_DIR" == /* ]] || CHECKPOINT_DIR="$PWD/$CHECKPOINT_DIR"
+        CANDIDATES=("$CHECKPOINT_DIR/checkpoint_best.pt")
+    else
+        [[ -d "$CHECKPOINT_DIR" ]] || die "$CHECKPOINT_DIR: missing checkpoint folder"
+        CHECKPOINT_DIR="$(cd "$CHECKPOINT_DIR" && pwd)"
+        # checkpoint_best.pt first: it wins a tie
+        for f in "$CHECKPOINT_DIR/checkpoint_best.pt" "$CHECKPOINT_DIR"/checkpoint*.pt; do
+            [[ -f "$f" && ! " ${CANDIDATES[*]} " =~ " $f " ]] && CANDIDATES+=("$f")
+        done
+        [[ ${#CANDIDATES[@]} -gt 0 ]] || die "$CHECKPOINT_DIR: no checkpoint*.pt"
+    fi
 else
     usage >&2
     die "--checkpoint or --checkpoint-dir is required"
 fi
-[[ -f "$DATA_BIN/prepare.env" ]] || die "$DATA_BIN/prepare.env: missing (run prepare.sh, or fix --data-bin)"
-DATA_BIN="$(cd "$DATA_BIN" && pwd)"
-DATA_TASK="$(sed -n 's/^TASK=//p' "$DATA_BIN/prepare.env")"
-[[ "$DATA_TASK" == "$TASK" ]] || die "$DATA_BIN was prepared for $DATA_TASK, not $TASK"
+if [[ -f "$DATA_BIN/prepare.env" ]]; then
+    DATA_BIN="$(cd "$DATA_BIN" && pwd)"
+    DATA_TASK="$(sed -n 's/^TASK=//p' "$DATA_BIN/prepare.env")"
+    [[ "$DATA_TASK" == "$TASK" ]] || die "$DATA_BIN was prepared for $DATA_TASK, not $TASK"
+elif [[ $DRY_RUN == 1 ]]; then
+    warn "$DATA_BIN/prepare.env: missing (not prepared yet?)"
+else
+    die "$DATA_BIN/prepare.env: missing (run prepare.sh, or fix --data-bin)"
+fi
 OUT_DIR=${OUT_DIR:-$(dirname "${CANDIDATES[0]}")/eval}
-mkdir -p "$OUT_DIR"
-OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+if [[ $DRY_RUN == 0 ]]; then
+    mkdir -p "$OUT_DIR"
+    OUT_DIR="$(cd "$OUT_DIR" && pwd)"
+fi
 WORK=$OUT_DIR # stage markers in OUT_DIR/stages
 export FORCE
 
@@ -93,41 +106,30 @@ fingerprint() { stat -c '%n %s %Y' "$1"; }
 if [[ $DRY_RUN == 1 ]]; then
     cpu_flag=""
     [[ $CPU == 1 ]] && cpu_flag=" --cpu"
-    for ckpt in "${CANDIDATES[@]}"; do
-        echo "$PYTHON $GLUE_DIR/glue_tools.py predict --task $TASK --checkpoint $ckpt --data-bin $DATA_BIN --subsets $DEV_SUBSETS --out $(pred_dir "$ckpt") --batch-size $BATCH_SIZE$cpu_flag"
-    done
+    dirs=()
+    for ckpt in "${CANDIDATES[@]}"; do dirs+=("$(pred_dir "$ckpt")"); done
+    echo "$PYTHON $GLUE_DIR/glue_tools.py predict --task $TASK --checkpoint ${CANDIDATES[*]} --out-dir ${dirs[*]} --data-bin $DATA_BIN --subsets $DEV_SUBSETS --batch-size $BATCH_SIZE --score$cpu_flag"
     if [[ $NO_TEST == 0 ]]; then
-        echo "then the selected checkpoint on $TEST_SUBSETS, and $PYTHON $GLUE_DIR/glue_tools.py submit --task $TASK --data-bin $DATA_BIN --out $OUT_DIR/submission"
+        echo "then the best of them on $TEST_SUBSETS, and $PYTHON $GLUE_DIR/glue_tools.py submit --task $TASK --data-bin $DATA_BIN --out $OUT_DIR/submission"
     fi
     exit 0
 fi
 
 log "$TASK: ${#CANDIDATES[@]} checkpoint(s) on $DEV_SUBSETS of $DATA_BIN; selected by $PRIMARY_METRIC"
 RESULTS=()
+SETTINGS="$DEV_SUBSETS $DATA_BIN"
 for ckpt in "${CANDIDATES[@]}"; do
-    dir="$(pred_dir "$ckpt")"
-    name="$(basename "$dir")"
-    run_stage "predict_dev.$name" "$(fingerprint "$ckpt") $DEV_SUBSETS $DATA_BIN" \
-        stage_predict "$ckpt" "$DEV_SUBSETS" "$dir"
-    run_stage "score.$name" "$(fingerprint "$ckpt") $DATA_BIN" stage_score "$ckpt" "$dir"
-    RESULTS+=("$dir/results.json")
+    RESULTS+=("$(pred_dir "$ckpt")/results.json")
+    SETTINGS+=" $(fingerprint "$ckpt")"
 done
+run_stage predict_dev "$SETTINGS" stage_predict_dev
 
-# stage_select: the best candidate's results (and every candidate's score) as results.dev.json
-stage_select() {
-    local tests=$TEST_SUBSETS
-    [[ $NO_TEST == 0 ]] || tests=""
-    glue_tools select --results "${RESULTS[@]}" --out "$OUT_DIR/results.dev.json" \
-        --test-subsets "$tests" || exit 1
-}
 run_stage select "$(stat -c '%n %Y' "${RESULTS[@]}" | tr '\n' ' ') test=$NO_TEST" stage_select
 BEST="$("$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoint"])' "$OUT_DIR/results.dev.json")"
 log "selected $BEST"
 if [[ $NO_TEST == 0 ]]; then
-    dir="$(pred_dir "$BEST")"
-    run_stage predict_test "$(fingerprint "$BEST") $TEST_SUBSETS $DATA_BIN" \
-        stage_predict "$BEST" "$TEST_SUBSETS" "$dir"
-    run_stage submit "$(fingerprint "$BEST") $DATA_BIN" stage_submit "$dir"
+    run_stage predict_test "$(fingerprint "$BEST") $TEST_SUBSETS $DATA_BIN" stage_predict_test "$BEST"
+    run_stage submit "$(fingerprint "$BEST") $DATA_BIN" stage_submit "$(pred_dir "$BEST")"
 fi
 glue_tools summary --results "$OUT_DIR/results.dev.json" || exit 1
 if [[ $NO_TEST == 0 ]]; then

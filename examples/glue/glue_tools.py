@@ -305,9 +305,7 @@ def cmd_split(args):
         outputs = {f"input{i}": [row[c] for _, row in rows] for i, c in enumerate(columns)}
         if split.label is not None:
             at = split.columns.index(split.label)
-            outputs["label"] = [
-                check_label(row[at], task, f"{path} line {n}") for n, row in rows
-            ]
+            outputs["label"] = [check_label(row[at], task, f"{path} line {n}") for n, row in rows]
         if split.index is not None:
             at = split.columns.index(split.index)
             outputs["index"] = [row[at] for _, row in rows]
@@ -365,8 +363,9 @@ def cmd_scale_labels(args):
 def load_checkpoint(path: str) -> dict:
     if not os.path.isfile(path):
         raise InputError(f"{path}: missing checkpoint file")
-    import realformer_fairseq  # noqa: F401  (registers the models; safe torch.load of checkpoints)
     from fairseq import checkpoint_utils
+
+    import realformer_fairseq  # noqa: F401  (registers the models; safe torch.load of checkpoints)
 
     try:
         return checkpoint_utils.load_checkpoint_to_cpu(path)
@@ -462,48 +461,56 @@ def cmd_model_flags(args):
 # ------------------------------------------------------------------ predict
 
 
-def cmd_predict(args):
-    """Predictions of a fine-tuned checkpoint on the given subsets of the data-bin, in example
-    order: OUT/{subset}.pred, one line per example (a label string; STS-B: the score on GLUE's
-    0-5 scale). Every example gets one: an input longer than the model's positions stops."""
-    task_def = task_named(args.task)
-    checkpoint = load_checkpoint(args.checkpoint)
-    if _value(checkpoint["cfg"]["task"], "_name") != "sentence_prediction":
+def predict(
+    task_def: Task,
+    checkpoint_path: str,
+    data_bin: str,
+    subsets: Sequence[str],
+    out_dir: str,
+    batch_size: int,
+    cpu: bool,
+):
+    """A fine-tuned checkpoint's predictions on subsets of the data-bin, in example order:
+    OUT/{subset}.pred, one line per example (a label string; STS-B: the score on GLUE's 0-5
+    scale). Every example gets one: an input longer than the model's positions stops."""
+    state = load_checkpoint(checkpoint_path)
+    trained_on = _value(state["cfg"]["task"], "_name")
+    if trained_on != "sentence_prediction":
         raise InputError(
-            f"{args.checkpoint}: a {_value(checkpoint['cfg']['task'], '_name')} checkpoint, not "
-            "a fine-tuned one (sentence_prediction): run finetune.sh first"
+            f"{checkpoint_path}: a {trained_on} checkpoint, not a fine-tuned one "
+            "(sentence_prediction): run finetune.sh first"
         )
-    del checkpoint
     import torch
     from fairseq import checkpoint_utils, utils
 
-    use_cuda = torch.cuda.is_available() and not args.cpu
+    use_cuda = torch.cuda.is_available() and not cpu
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [args.checkpoint], arg_overrides={"data": os.path.abspath(args.data_bin)}
+        [checkpoint_path], arg_overrides={"data": os.path.abspath(data_bin)}, state=state
     )
+    del state
     model = models[0].eval()
     if use_cuda:
         model.cuda()
     head = cfg.criterion.classification_head_name
     regression = bool(cfg.criterion.regression_target)
     if regression != task_def.regression:
-        raise InputError(f"{args.checkpoint}: regression_target={regression}, {task_def.name} "
+        raise InputError(f"{checkpoint_path}: regression_target={regression}, {task_def.name} "
                          f"is {'' if task_def.regression else 'not '}a regression task")  # fmt: skip
     if not regression:
         labels = task.label_dictionary
         first = labels.symbols[labels.nspecial : labels.nspecial + len(task_def.labels)]
         if first != list(task_def.labels):  # fairseq's load_dictionary adds <mask> after them
             raise InputError(
-                f"{args.data_bin}/label/dict.txt: labels {' '.join(first)}, not {task_def.name}'s "
+                f"{data_bin}/label/dict.txt: labels {' '.join(first)}, not {task_def.name}'s "
                 f"{' '.join(task_def.labels)} in that order (prepare the data with prepare.sh)"
             )
     max_positions = utils.resolve_max_positions(task.max_positions(), model.max_positions())
-    os.makedirs(args.out, exist_ok=True)
-    for subset in args.subsets.split(","):
+    os.makedirs(out_dir, exist_ok=True)
+    for subset in subsets:
         try:
             task.load_dataset(subset)
         except Exception as err:
-            raise InputError(f"{args.data_bin}: cannot load subset {subset} ({err})") from None
+            raise InputError(f"{data_bin}: cannot load subset {subset} ({err})") from None
         dataset = task.dataset(subset)
         too_long = [i for i in range(len(dataset)) if dataset.size(i) > max_positions]
         if too_long:
@@ -513,7 +520,7 @@ def cmd_predict(args):
                 f"{dataset.size(too_long[0])} tokens); fine-tune with -- --shorten-method truncate"
             )
         batches = task.get_batch_iterator(
-            dataset=dataset, max_sentences=args.batch_size, max_positions=max_positions,
+            dataset=dataset, max_sentences=batch_size, max_positions=max_positions,
             ignore_invalid_inputs=False, required_batch_size_multiple=1, num_workers=0,
         ).next_epoch_itr(shuffle=False)  # fmt: skip
         predictions: Dict[int, str] = {}
@@ -531,9 +538,24 @@ def cmd_predict(args):
                         predictions[i] = task.label_dictionary[symbol]
         if sorted(predictions) != list(range(len(dataset))):
             raise InputError(f"{subset}: {len(dataset) - len(predictions)} examples not predicted")
-        with atomic_write(os.path.join(args.out, f"{subset}.pred")) as out:
+        with atomic_write(os.path.join(out_dir, f"{subset}.pred")) as out:
             out.write("".join(predictions[i] + "\n" for i in range(len(dataset))))
-        print(f"glue: predicted {len(dataset)} examples of {subset}", file=sys.stderr)
+        print(f"glue: {os.path.basename(checkpoint_path)}: predicted {len(dataset)} examples of "
+              f"{subset}", file=sys.stderr)  # fmt: skip
+
+
+def cmd_predict(args):
+    """Each --checkpoint's predictions into the --out-dir at the same position; with --score,
+    its dev metrics too (OUT/results.json, as the score subcommand writes them)."""
+    task = task_named(args.task)
+    if len(args.checkpoint) != len(args.out_dir):
+        raise InputError("give one --out-dir per --checkpoint")
+    for checkpoint, out_dir in zip(args.checkpoint, args.out_dir):
+        predict(task, checkpoint, args.data_bin, args.subsets.split(","), out_dir,
+                args.batch_size, args.cpu)  # fmt: skip
+        if args.score:
+            score(task, args.data_bin, out_dir, os.path.join(out_dir, "results.json"),
+                  [("checkpoint", checkpoint)])  # fmt: skip
 
 
 # ------------------------------------------------------------------ GLUE's metrics
@@ -589,35 +611,49 @@ def majority_label(task: Task, glue_dir: str) -> Optional[str]:
     return max(task.labels, key=lambda label: (counts[label], -task.labels.index(label)))
 
 
-def cmd_score(args):
-    """Dev metrics of the predictions in --pred-dir against the gold labels kept by prepare.sh
-    (DATA_BIN/glue/{subset}.label), and the majority-class baseline; into --results (JSON)."""
-    task = task_named(args.task)
-    glue_dir = os.path.join(args.data_bin, "glue")
+def score(task: Task, data_bin: str, pred_dir: str, results_path: Optional[str], meta=()):
+    """Dev metrics of the predictions in ``pred_dir`` against the gold labels kept by
+    prepare.sh (DATA_BIN/glue/{subset}.label), and the majority-class baseline."""
+    glue_dir = os.path.join(data_bin, "glue")
     results = {"task": task.name, "primary_metric": task.primary, "subsets": {}}
     majority = majority_label(task, glue_dir)
     for subset in task.subsets("dev"):
         gold = read_column(os.path.join(glue_dir, f"{subset}.label"))
-        pred = read_column(os.path.join(args.pred_dir, f"{subset}.pred"))
+        pred = read_column(os.path.join(pred_dir, f"{subset}.pred"))
         entry = {"examples": len(gold), "metrics": glue_metrics(task, gold, pred),
                  "file": task.split(subset).file}  # fmt: skip
         if majority is not None:
-            entry["majority_class"] = {"label": majority,
-                                       "metrics": glue_metrics(task, gold, [majority] * len(gold))}
+            entry["majority_class"] = {
+                "label": majority,
+                "metrics": glue_metrics(task, gold, [majority] * len(gold)),
+            }
         results["subsets"][subset] = entry
     results["score"] = results["subsets"]["valid"]["metrics"][task.primary]
-    for key, value in args.meta or []:
+    for key, value in meta:
         results.setdefault("meta", {})[key] = value
-    if args.results:
-        with atomic_write(args.results) as out:
+    if results_path:
+        with atomic_write(results_path) as out:
             out.write(json.dumps(results, indent=1) + "\n")
-    for subset, entry in results["subsets"].items():
+    for line in summary_lines(results):
+        print(f"glue: {line}", file=sys.stderr)
+    return results
+
+
+def summary_lines(results: dict) -> List[str]:
+    out = []
+    for entry in results["subsets"].values():
         shown = ", ".join(f"{k} {v:.2f}" for k, v in entry["metrics"].items())
-        line = f"{task.name} {entry['file']}: {shown} ({entry['examples']} examples)"
+        line = f"{results['task']} {entry['file']}: {shown} ({entry['examples']} examples)"
         if "majority_class" in entry:
             m = entry["majority_class"]
             line += f"; majority class '{m['label']}': accuracy {m['metrics']['accuracy']:.2f}"
-        print(line)
+        out.append(line)
+    return out
+
+
+def cmd_score(args):
+    """The score of --pred-dir's predictions into --results (JSON)."""
+    score(task_named(args.task), args.data_bin, args.pred_dir, args.results, args.meta or [])
 
 
 def cmd_select(args):
@@ -645,12 +681,7 @@ def cmd_summary(args):
         results = json.load(fh)
     print(f"{results['task']}: selected {results['checkpoint']} by {results['primary_metric']} "
           f"{results['score']:.2f} (of {len(results['candidates'])} checkpoints)")  # fmt: skip
-    for entry in results["subsets"].values():
-        shown = ", ".join(f"{k} {v:.2f}" for k, v in entry["metrics"].items())
-        line = f"{results['task']} {entry['file']}: {shown} ({entry['examples']} examples)"
-        if "majority_class" in entry:
-            m = entry["majority_class"]
-            line += f"; majority class '{m['label']}': accuracy {m['metrics']['accuracy']:.2f}"
+    for line in summary_lines(results):
         print(line)
 
 
@@ -713,12 +744,13 @@ def get_parser():
     s.add_argument("--checkpoint", required=True)
     s.add_argument("--drop", default="", help="comma list of model arguments left out")
     s.set_defaults(fn=cmd_model_flags)
-    s = sub.add_parser("predict", help="a fine-tuned checkpoint's predictions on subsets")
+    s = sub.add_parser("predict", help="fine-tuned checkpoints' predictions on subsets")
     s.add_argument("--task", required=True)
-    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--checkpoint", nargs="+", required=True)
     s.add_argument("--data-bin", required=True)
     s.add_argument("--subsets", required=True)
-    s.add_argument("--out", required=True)
+    s.add_argument("--out-dir", nargs="+", required=True, help="one per --checkpoint")
+    s.add_argument("--score", action="store_true", help="also the dev metrics (results.json)")
     s.add_argument("--batch-size", type=int, default=64)
     s.add_argument("--cpu", action="store_true")
     s.set_defaults(fn=cmd_predict)

@@ -11,7 +11,7 @@ usage() {
 usage: prepare.sh --task TASK (--glue-dir DIR | --task-dir DIR)
                   (--bpe-codes FILE --dict FILE [--lowercase] | --wordpiece-vocab FILE [--dict FILE] [--cased])
                   [--work-dir DIR] [--dest DIR] [--diagnostic FILE | --no-diagnostic]
-                  [--workers N] [--force] [--until STAGE]
+                  [--workers N] [--force] [--until STAGE] [--dry-run]
 
 Stages (each skipped on a re-run once it has finished with the same settings):
   split, tokenize, binarize
@@ -32,6 +32,7 @@ Stages (each skipped on a re-run once it has finished with the same settings):
   --workers N          processes for tokenisation, BPE and fairseq-preprocess (default 4)
   --until STAGE        stop after STAGE
   --force              redo every stage
+  --dry-run            check the arguments, print each stage (to run, or finished before) and exit
 EOF
 }
 
@@ -50,6 +51,7 @@ NO_DIAGNOSTIC=0
 WORKERS=4
 FORCE=0
 UNTIL=""
+DRY_RUN=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --task) TASK=$2; shift 2 ;;
@@ -67,6 +69,7 @@ while [[ $# -gt 0 ]]; do
     --workers) WORKERS=$2; shift 2 ;;
     --force) FORCE=1; shift ;;
     --until) UNTIL=$2; shift 2 ;;
+    --dry-run) DRY_RUN=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
     esac
@@ -134,6 +137,19 @@ fi
 S_BIN="$S_TOK dict=$DICT $(sha256sum "$DICT" | cut -d' ' -f1) dest=$DEST"
 
 log "$TASK from $TASK_DIR; $TOKENIZER; work dir $WORK; data-bin $DEST"
+if [[ $DRY_RUN == 1 ]]; then
+    declare -A SETTINGS=([split]=$S_SPLIT [tokenize]=$S_TOK [binarize]=$S_BIN)
+    for name in split tokenize binarize; do
+        marker="$WORK/stages/$name.done"
+        if [[ -f "$marker" && "$(cat "$marker")" == "${SETTINGS[$name]}" && $FORCE != 1 ]]; then
+            echo "stage $name: finished before ($marker)"
+        else
+            echo "stage $name: to run (${SETTINGS[$name]})"
+        fi
+        [[ "$name" != "$UNTIL" ]] || break
+    done
+    exit 0
+fi
 stage split "$S_SPLIT" stage_split
 stage tokenize "$S_TOK" stage_tokenize
 stage binarize "$S_BIN" stage_binarize

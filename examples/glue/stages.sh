@@ -130,18 +130,33 @@ stage_binarize() {
 
 # ------------------------------------------------------------------------------- evaluate
 
-# stage_predict CHECKPOINT SUBSETS OUT: the checkpoint's predictions on the subsets into OUT
-stage_predict() {
-    local cpu=()
+# stage_predict_dev: every candidate checkpoint's dev predictions and GLUE scores, in one process
+# (fairseq is imported once): $OUT_DIR/pred/NAME/{valid*.pred,results.json}
+stage_predict_dev() {
+    local cpu=() dirs=() ckpt
     [[ $CPU == 1 ]] && cpu=(--cpu)
-    glue_tools predict --task "$TASK" --checkpoint "$1" --data-bin "$DATA_BIN" --subsets "$2" \
-        --out "$3" --batch-size "$BATCH_SIZE" "${cpu[@]}" || exit 1
+    for ckpt in "${CANDIDATES[@]}"; do dirs+=("$(pred_dir "$ckpt")"); done
+    glue_tools predict --task "$TASK" --checkpoint "${CANDIDATES[@]}" --out-dir "${dirs[@]}" \
+        --data-bin "$DATA_BIN" --subsets "$DEV_SUBSETS" --batch-size "$BATCH_SIZE" --score \
+        "${cpu[@]}" || exit 1
 }
 
-# stage_score CHECKPOINT PRED_DIR: GLUE's dev metrics of the predictions into PRED_DIR/results.json
-stage_score() {
-    glue_tools score --task "$TASK" --data-bin "$DATA_BIN" --pred-dir "$2" \
-        --results "$2/results.json" --meta checkpoint "$1" >&2 || exit 1
+# stage_select: the candidate with the best dev score (its results, every candidate's score and
+# where its test predictions go) as $OUT_DIR/results.dev.json
+stage_select() {
+    local tests=$TEST_SUBSETS
+    [[ $NO_TEST == 0 ]] || tests=""
+    glue_tools select --results "${RESULTS[@]}" --out "$OUT_DIR/results.dev.json" \
+        --test-subsets "$tests" || exit 1
+}
+
+# stage_predict_test CHECKPOINT: its test predictions into $OUT_DIR/pred/NAME
+stage_predict_test() {
+    local cpu=()
+    [[ $CPU == 1 ]] && cpu=(--cpu)
+    glue_tools predict --task "$TASK" --checkpoint "$1" --out-dir "$(pred_dir "$1")" \
+        --data-bin "$DATA_BIN" --subsets "$TEST_SUBSETS" --batch-size "$BATCH_SIZE" "${cpu[@]}" ||
+        exit 1
 }
 
 # stage_submit PRED_DIR: the GLUE server's files of the test predictions into $OUT_DIR/submission
