@@ -300,6 +300,70 @@ def test_finetune_overrides_and_cpu(tmp_path):
                         "--arch", "x", "--lr", "fast", "--dry-run"), "--lr must be a number")  # fmt: skip
 
 
+def test_finetune_extra_arguments_replace_the_recipe_or_are_refused():
+    """After --: a recipe flag replaces the recipe's value in place (one log line), a flag
+    finetune.sh builds (the model, the data, its own options) is refused in one line."""
+    base = ["--task", "RTE", "--data-bin", "d", "--checkpoint", "m.pt", "--arch",
+            "realformer_bert_base", "--dry-run"]  # fmt: skip
+    proc = ok(bash("finetune.sh", *base, "--", "--weight-decay", "0.01", "--patience", "3"))
+    _, flags = parse_flags(proc.stdout)
+    assert flags["--weight-decay"] == "0.01" and flags["--patience"] == "3"
+    assert ("overrides of the recipe (fairseq's RoBERTa GLUE recipe for RTE): --weight-decay 0.1 "
+            "-> 0.01") in proc.stderr  # fmt: skip
+    for extra, use in ((["--arch", "roberta_base"], "--checkpoint: the model is the checkpoint's"),
+                       (["--residual-attention-mode", "mean"], "--checkpoint: the model is"),
+                       (["--separator-token", "2"], "--pair-layout"),
+                       (["--lr", "1e-4"], "--lr"), (["--warmup-updates", "9"], "--warmup"),
+                       (["--restore-file", "x.pt"], "--checkpoint")):  # fmt: skip
+        proc = bash("finetune.sh", *base, "--", *extra)
+        one_error_line(proc, f"{extra[0]} after --: finetune.sh sets it (use {use}")
+
+
+def test_options_without_a_value_or_with_a_bad_number_are_one_line(tmp_path, dummy_tokenizer):
+    one_error_line(bash("prepare.sh", "--task"), "--task needs a value")
+    one_error_line(bash("finetune.sh", "--task", "RTE", "--checkpoint", "--dry-run"),
+                   "--checkpoint needs a value")  # fmt: skip
+    one_error_line(
+        bash(
+            "evaluate.sh",
+            "--task",
+            "RTE",
+            "--batch-size",
+            "0",
+            "--data-bin",
+            "d",
+            "--checkpoint",
+            "c",
+        ),
+        "--batch-size must be a whole number >= 1, got '0'",
+    )
+    one_error_line(bash("finetune.sh", "--task", "RTE", "--data-bin", "d", "--checkpoint", "m.pt",
+                        "--arch", "x", "--max-update", "ten", "--dry-run"),
+                   "--max-update must be a whole number >= 1, got 'ten'")  # fmt: skip
+    glue = write_glue(tmp_path / "glue", ["RTE"])
+    one_error_line(split_only(glue, "RTE", tmp_path / "w", dummy_tokenizer, "--workers", "0"),
+                   "--workers must be a whole number >= 1")  # fmt: skip
+
+
+def test_a_changed_glue_file_redoes_the_split(tmp_path, dummy_tokenizer):
+    glue = write_glue(tmp_path / "glue", ["RTE"])
+    ok(split_only(glue, "RTE", tmp_path / "w", dummy_tokenizer))
+    again = ok(split_only(glue, "RTE", tmp_path / "w", dummy_tokenizer))
+    assert "stage split: finished before" in again.stderr
+    rows = FIXTURES["RTE"]["dev.tsv"]
+    write_tsv(glue / "RTE" / "dev.tsv", rows[:2] + [rows[2][:3] + ["entailment"]] + rows[1:2])
+    proc = ok(split_only(glue, "RTE", tmp_path / "w", dummy_tokenizer))
+    assert (
+        f"stage split: input changed since it finished ({glue / 'RTE' / 'dev.tsv'}), redoing"
+        in proc.stderr
+    )
+    assert lines(tmp_path / "w" / "split" / "valid.label") == [
+        "not_entailment",
+        "entailment",
+        "not_entailment",
+    ]
+
+
 def yaml_lines(name):
     return (FAIRSEQ_FINETUNING / name).read_text().splitlines()
 

@@ -37,12 +37,12 @@ FORCE=0
 DRY_RUN=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
-    --task) TASK=$2; shift 2 ;;
-    --data-bin) DATA_BIN=$2; shift 2 ;;
-    --checkpoint) CHECKPOINT=$2; shift 2 ;;
-    --checkpoint-dir) CHECKPOINT_DIR=$2; shift 2 ;;
-    --out-dir) OUT_DIR=$2; shift 2 ;;
-    --batch-size) BATCH_SIZE=$2; shift 2 ;;
+    --task) opt_value "$@"; TASK=$2; shift 2 ;;
+    --data-bin) opt_value "$@"; DATA_BIN=$2; shift 2 ;;
+    --checkpoint) opt_value "$@"; CHECKPOINT=$2; shift 2 ;;
+    --checkpoint-dir) opt_value "$@"; CHECKPOINT_DIR=$2; shift 2 ;;
+    --out-dir) opt_value "$@"; OUT_DIR=$2; shift 2 ;;
+    --batch-size) opt_value "$@"; BATCH_SIZE=$2; shift 2 ;;
     --cpu) CPU=1; shift ;;
     --no-test) NO_TEST=1; shift ;;
     --force) FORCE=1; shift ;;
@@ -56,7 +56,7 @@ done
 [[ -n "$DATA_BIN" ]] || { usage >&2; die "--data-bin is required (the --dest of prepare.sh)"; }
 TASK_INFO="$(glue_tools task-info --task "$TASK")" || exit 1
 eval "$TASK_INFO"
-[[ "$BATCH_SIZE" =~ ^[1-9][0-9]*$ ]] || die "--batch-size must be a positive number, got '$BATCH_SIZE'"
+whole_number --batch-size "$BATCH_SIZE" 1
 CANDIDATES=()
 if [[ -n "$CHECKPOINT" && -n "$CHECKPOINT_DIR" ]]; then
     die "give --checkpoint or --checkpoint-dir, not both"

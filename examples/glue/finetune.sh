@@ -51,19 +51,19 @@ DRY_RUN=0
 EXTRA=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
-    --task) TASK=$2; shift 2 ;;
-    --data-bin) DATA_BIN=$2; shift 2 ;;
-    --checkpoint) CHECKPOINT=$2; shift 2 ;;
-    --save-dir) SAVE_DIR=$2; shift 2 ;;
-    --arch) ARCH=$2; shift 2 ;;
-    --pair-layout) PAIR_LAYOUT=$2; shift 2 ;;
-    --lr) LR=$2; shift 2 ;;
-    --batch-size) BATCH=$2; shift 2 ;;
-    --max-update) MAX_UPDATE=$2; shift 2 ;;
-    --warmup) WARMUP=$2; shift 2 ;;
-    --max-epoch) MAX_EPOCH=$2; shift 2 ;;
-    --seed) SEED=$2; shift 2 ;;
-    --log-interval) LOG_INTERVAL=$2; shift 2 ;;
+    --task) opt_value "$@"; TASK=$2; shift 2 ;;
+    --data-bin) opt_value "$@"; DATA_BIN=$2; shift 2 ;;
+    --checkpoint) opt_value "$@"; CHECKPOINT=$2; shift 2 ;;
+    --save-dir) opt_value "$@"; SAVE_DIR=$2; shift 2 ;;
+    --arch) opt_value "$@"; ARCH=$2; shift 2 ;;
+    --pair-layout) opt_value "$@"; PAIR_LAYOUT=$2; shift 2 ;;
+    --lr) opt_value "$@"; LR=$2; shift 2 ;;
+    --batch-size) opt_value "$@"; BATCH=$2; shift 2 ;;
+    --max-update) opt_value "$@"; MAX_UPDATE=$2; shift 2 ;;
+    --warmup) opt_value "$@"; WARMUP=$2; shift 2 ;;
+    --max-epoch) opt_value "$@"; MAX_EPOCH=$2; shift 2 ;;
+    --seed) opt_value "$@"; SEED=$2; shift 2 ;;
+    --log-interval) opt_value "$@"; LOG_INTERVAL=$2; shift 2 ;;
     --cpu) CPU=1; FP16=0; shift ;;
     --no-fp16) FP16=0; shift ;;
     --dry-run) DRY_RUN=1; shift ;;
@@ -79,7 +79,10 @@ done
 TASK_INFO="$(glue_tools task-info --task "$TASK")" || exit 1
 eval "$TASK_INFO"
 for v in BATCH MAX_UPDATE WARMUP MAX_EPOCH SEED LOG_INTERVAL; do
-    [[ -z "${!v}" || "${!v}" =~ ^[0-9]+$ ]] || die "--${v,,} must be a whole number, got '${!v}'"
+    case $v in WARMUP | SEED) min=0 ;; *) min=1 ;; esac
+    option=${v,,}
+    [[ $v == BATCH ]] && option=batch_size
+    [[ -z "${!v}" ]] || whole_number "--${option//_/-}" "${!v}" $min
 done
 [[ -z "$LR" || "$LR" =~ ^[0-9.eE+-]+$ ]] || die "--lr must be a number, got '$LR'"
 SAVE_DIR=${SAVE_DIR:-$PWD/glue_checkpoints/$TASK}
@@ -136,6 +139,34 @@ if [[ -n "$MODEL_MAX_POSITIONS" && "$MODEL_MAX_POSITIONS" != "$P_MAX_POSITIONS" 
     log "--max-positions $MODEL_MAX_POSITIONS (the model's; the recipe's $P_MAX_POSITIONS is RoBERTa's)"
     set_flag --max-positions "$MODEL_MAX_POSITIONS"
 fi
+# Flags finetune.sh builds itself: after "--" they are refused (fairseq-train would take the last
+# value and fine-tune another model, or data, than the one finetune.sh logs and checks); a flag of
+# the recipe replaces the recipe's value (apply_extra, ../wmt14_en_fr/common.sh)
+own_option_of() {
+    case "$1" in
+    --arch | --user-dir | --residual-attention | --residual-attention-mode | --init-type | \
+        --max-positions | --type-vocab-size | --bert-pooler | --layernorm-eps)
+        echo "--checkpoint: the model is the checkpoint's" ;;
+    --task | --criterion | --num-classes | --regression-target) echo "--task" ;;
+    --finetune-from-model | --restore-file | --reset-optimizer | --reset-dataloader | --reset-meters | \
+        --reset-lr-scheduler) echo "--checkpoint" ;;
+    --init-token | --separator-token) echo "--pair-layout" ;;
+    --save-dir | --seed | --cpu | --lr | --max-epoch | --log-interval | --max-update) echo "$1" ;;
+    --batch-size) echo "--batch-size" ;;
+    --total-num-update) echo "--max-update" ;;
+    --warmup-updates) echo "--warmup" ;;
+    *)
+        local f
+        for f in "${MODEL_FLAGS[@]}"; do
+            [[ "$f" == "$1" ]] && { echo "--checkpoint: the checkpoint's model has $1"; return 0; }
+        done
+        return 1
+        ;;
+    esac
+}
+RECIPE="fairseq's RoBERTa GLUE recipe for $TASK"
+apply_extra
+
 [[ -z "$LR" ]] || set_flag --lr "$LR"
 [[ -z "$BATCH" ]] || set_flag --batch-size "$BATCH"
 if [[ -n "$MAX_UPDATE" ]]; then

@@ -218,10 +218,12 @@ def task_named(name: str) -> Task:
 
 
 def cmd_task_info(args):
-    """bash assignments: TASK (GLUE's spelling), REGRESSION, DEV_SUBSETS, TEST_SUBSETS,
-    PRIMARY_METRIC."""
+    """bash assignments: TASK (GLUE's spelling), REGRESSION, TASK_FILES (in the task folder),
+    DEV_SUBSETS, TEST_SUBSETS, PRIMARY_METRIC."""
     task = task_named(args.task)
+    files = " ".join(s.file for s in task.splits if not s.file.startswith(".."))
     print(f"TASK={shlex.quote(task.name)} REGRESSION={int(task.regression)} "
+          f"TASK_FILES={shlex.quote(files)} "
           f"DEV_SUBSETS={','.join(task.subsets('dev'))} "
           f"TEST_SUBSETS={','.join(task.subsets('test'))} PRIMARY_METRIC={task.primary}")  # fmt: skip
 

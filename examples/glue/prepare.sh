@@ -54,21 +54,21 @@ UNTIL=""
 DRY_RUN=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
-    --task) TASK=$2; shift 2 ;;
-    --glue-dir) GLUE_ROOT=$2; shift 2 ;;
-    --task-dir) TASK_DIR=$2; shift 2 ;;
-    --bpe-codes) BPE_CODES=$2; shift 2 ;;
-    --dict) DICT=$2; shift 2 ;;
+    --task) opt_value "$@"; TASK=$2; shift 2 ;;
+    --glue-dir) opt_value "$@"; GLUE_ROOT=$2; shift 2 ;;
+    --task-dir) opt_value "$@"; TASK_DIR=$2; shift 2 ;;
+    --bpe-codes) opt_value "$@"; BPE_CODES=$2; shift 2 ;;
+    --dict) opt_value "$@"; DICT=$2; shift 2 ;;
     --lowercase) LOWERCASE=1; shift ;;
-    --wordpiece-vocab) VOCAB=$2; shift 2 ;;
+    --wordpiece-vocab) opt_value "$@"; VOCAB=$2; shift 2 ;;
     --cased) CASED=1; shift ;;
-    --work-dir) WORK=$2; shift 2 ;;
-    --dest) DEST=$2; shift 2 ;;
-    --diagnostic) DIAGNOSTIC=$2; shift 2 ;;
+    --work-dir) opt_value "$@"; WORK=$2; shift 2 ;;
+    --dest) opt_value "$@"; DEST=$2; shift 2 ;;
+    --diagnostic) opt_value "$@"; DIAGNOSTIC=$2; shift 2 ;;
     --no-diagnostic) NO_DIAGNOSTIC=1; shift ;;
-    --workers) WORKERS=$2; shift 2 ;;
+    --workers) opt_value "$@"; WORKERS=$2; shift 2 ;;
     --force) FORCE=1; shift ;;
-    --until) UNTIL=$2; shift 2 ;;
+    --until) opt_value "$@"; UNTIL=$2; shift 2 ;;
     --dry-run) DRY_RUN=1; shift ;;
     -h | --help) usage; exit 0 ;;
     *) usage >&2; die "unknown argument: $1" ;;
@@ -102,7 +102,7 @@ else
     die "give the model's tokenisation: --bpe-codes FILE --dict FILE, or --wordpiece-vocab FILE"
 fi
 check_files "$DICT"
-[[ "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "--workers must be a positive number, got '$WORKERS'"
+whole_number --workers "$WORKERS" 1
 case "$UNTIL" in "" | split | tokenize | binarize) ;; *) die "--until: unknown stage '$UNTIL'" ;; esac
 abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
 BPE_CODES=${BPE_CODES:+$(abs "$BPE_CODES")}
@@ -141,7 +141,7 @@ if [[ $DRY_RUN == 1 ]]; then
     declare -A SETTINGS=([split]=$S_SPLIT [tokenize]=$S_TOK [binarize]=$S_BIN)
     for name in split tokenize binarize; do
         marker="$WORK/stages/$name.done"
-        if [[ -f "$marker" && "$(cat "$marker")" == "${SETTINGS[$name]}" && $FORCE != 1 ]]; then
+        if [[ -f "$marker" && "$(cat "$marker")" == "$(stage_record "$name" "${SETTINGS[$name]}")" && $FORCE != 1 ]]; then
             echo "stage $name: finished before ($marker)"
         else
             echo "stage $name: to run (${SETTINGS[$name]})"

@@ -23,6 +23,26 @@ stage_split() {
     glue_tools split --task "$TASK" --task-dir "$TASK_DIR" --out "$WORK/split" "${extra[@]}" || exit 1
 }
 
+# what each stage reads (run_stage records their signatures: a changed file redoes the stage)
+inputs_split() {
+    local file
+    for file in $TASK_FILES; do echo "$TASK_DIR/$file"; done
+    if [[ $TASK == MNLI && $NO_DIAGNOSTIC == 0 ]]; then
+        echo "${DIAGNOSTIC:-$(dirname "$TASK_DIR")/diagnostic/diagnostic.tsv}"
+    fi
+}
+inputs_tokenize() {
+    local name
+    for name in $(split_inputs); do echo "$WORK/split/$name"; done
+    echo "${BPE_CODES:-$VOCAB}"
+}
+inputs_binarize() {
+    local name
+    for name in $(split_inputs); do echo "$WORK/tok/$name"; done
+    (cd "$WORK/split" && ls -- *.label *.index split.json 2>/dev/null) | sed "s|^|$WORK/split/|"
+    echo "$DICT"
+}
+
 # subsets and inputs that stage_split wrote
 split_inputs() { (cd "$WORK/split" && ls -- *.input0 *.input1 2>/dev/null) || true; }
 
