@@ -625,6 +625,8 @@ def test_mnli_from_glue_files_to_server_files(pretrained, tmp_path):
         "valid,valid1",
     )
     assert train_command(tmp_path / "ft")["--num-classes"] == "3"
+    # evaluate.sh reads the data-bin it is given, not the one the checkpoint was trained on
+    data_bin = data_bin.rename(tmp_path / "w" / "data-bin-moved")
     proc = ok(bash("evaluate.sh", "--task", "MNLI", "--data-bin", data_bin, "--checkpoint-dir",
                    tmp_path / "ft", "--out-dir", tmp_path / "eval", "--cpu"))  # fmt: skip
     results = json.loads((tmp_path / "eval" / "results.dev.json").read_text())

@@ -362,7 +362,9 @@ def cmd_scale_labels(args):
 # ------------------------------------------------------------------ model flags of a checkpoint
 
 
-def load_checkpoint(path: str) -> dict:
+def load_checkpoint(path: str, arg_overrides: Optional[dict] = None) -> dict:
+    """fairseq's checkpoint, its config updated with ``arg_overrides`` (fairseq applies them here
+    only: ``load_model_ensemble_and_task(state=...)`` does not)."""
     if not os.path.isfile(path):
         raise InputError(f"{path}: missing checkpoint file")
     from fairseq import checkpoint_utils
@@ -370,7 +372,7 @@ def load_checkpoint(path: str) -> dict:
     import realformer_fairseq  # noqa: F401  (registers the models; safe torch.load of checkpoints)
 
     try:
-        return checkpoint_utils.load_checkpoint_to_cpu(path)
+        return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)
     except Exception as err:  # fairseq raises bare exceptions for unreadable files
         raise InputError(f"{path}: not a fairseq checkpoint ({str(err).splitlines()[0]})")
 
@@ -475,7 +477,8 @@ def predict(
     """A fine-tuned checkpoint's predictions on subsets of the data-bin, in example order:
     OUT/{subset}.pred, one line per example (a label string; STS-B: the score on GLUE's 0-5
     scale). Every example gets one: an input longer than the model's positions stops."""
-    state = load_checkpoint(checkpoint_path)
+    overrides = {"data": os.path.abspath(data_bin)}  # the data-bin given, not the training one
+    state = load_checkpoint(checkpoint_path, overrides)
     trained_on = _value(state["cfg"]["task"], "_name")
     if trained_on != "sentence_prediction":
         raise InputError(
@@ -487,8 +490,10 @@ def predict(
 
     use_cuda = torch.cuda.is_available() and not cpu
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [checkpoint_path], arg_overrides={"data": os.path.abspath(data_bin)}, state=state
+        [checkpoint_path], arg_overrides=overrides, state=state
     )
+    if os.path.abspath(cfg.task.data) != overrides["data"]:  # what the task reads
+        raise InputError(f"internal: the task reads {cfg.task.data}, not {data_bin}")
     del state
     model = models[0].eval()
     if use_cuda:
