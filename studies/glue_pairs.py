@@ -29,6 +29,7 @@ usage (from the repository root):
 import json
 import random
 import shutil
+import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
@@ -122,7 +123,7 @@ def prepare_pretraining(raw: Path, work: Path, bpe_merges: int) -> Tuple[Path, P
     codes, data_bin = work / "bpecodes", work / "mlm-bin"
     if (data_bin / "valid.bin").exists():
         return codes, data_bin
-    python = runs.sys.executable
+    python = sys.executable
     tok, bpe = work / "pretrain.tok", work / "pretrain.bpe"
     work.mkdir(parents=True, exist_ok=True)
     runs.run([python, TEXT_TOOLS, "tokenize", "--lang", "en", "--input", raw,

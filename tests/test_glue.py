@@ -6,7 +6,6 @@ a tiny RealFormer BERT, finetune.sh, evaluate.sh) on a translation-pair task in 
 
 import argparse
 import json
-import math
 import os
 import re
 import shlex
@@ -15,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 from glue_fixtures import COLUMNS, DIAGNOSTIC, FIXTURES, SUBSET, write_glue, write_tsv
 from harness import REPO_ROOT, SHARED_DATA, USER_DIR, realformer_tf_fixture
 
@@ -881,8 +879,9 @@ def test_readme_commands_run_as_printed(readme_run):
 def test_end_to_end_translation_pairs_above_the_majority_class(pretrained, tmp_path):
     """prepare.sh, finetune.sh (500 updates on CPU from the masked_lm checkpoint) and evaluate.sh
     on "is the second sentence the French translation of the first?" (MRPC's layout, Tatoeba;
-    studies/glue_pairs.py): dev accuracy at least 15 points above the majority class (measured:
-    see docs/benchmarks/glue_pairs.md), the held-back test labels agree, the pre-trained model's
+    studies/glue_pairs.py): dev accuracy at least 15 points above the majority class (measured
+    with this configuration: 73.25, 74.00, 72.00 for fine-tuning seeds 1-3, majority 50.0; see
+    examples/glue/README.md), the held-back test labels agree, the pre-trained model's
     running mean is carried into fine-tuning, the checkpoint is chosen by MRPC's acc_and_f1."""
     from studies import glue_pairs
 
