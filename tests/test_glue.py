@@ -712,7 +712,24 @@ def test_stsb_regression_from_glue_files_to_server_file(pretrained, tmp_path):
 
 
 def test_evaluate_refuses_what_it_cannot_score(pretrained, rte, tmp_path):
+    """Another task's data-bin, a masked_lm checkpoint, a truncated binarized file (finetune.sh
+    before fairseq-train, evaluate.sh before predicting): one line each."""
+    import shutil
+
     data_bin = rte / "data-bin"
+    broken = Path(shutil.copytree(data_bin, tmp_path / "broken"))
+    with open(broken / "input1" / "valid.bin", "r+b") as fh:
+        fh.truncate(10)
+    proc = bash("finetune.sh", "--task", "RTE", "--data-bin", broken, "--checkpoint",
+                pretrained["checkpoint"], "--save-dir", tmp_path / "ft", "--cpu")  # fmt: skip
+    one_error_line(proc, broken / "input1" / "valid.bin", "truncated (10 bytes")
+    assert not (tmp_path / "ft" / "train.log").exists()
+    (broken / "glue" / "test.index").write_text("0\n1\n")
+    with open(broken / "input1" / "valid.bin", "wb") as fh:
+        fh.write((data_bin / "input1" / "valid.bin").read_bytes())
+    proc = bash("evaluate.sh", "--task", "RTE", "--data-bin", broken, "--checkpoint",
+                pretrained["checkpoint"], "--out-dir", tmp_path / "eval", "--cpu")  # fmt: skip
+    one_error_line(proc, f"{broken}: test has GLUE indices 2, input0 1, input1 1 examples")
     one_error_line(bash("evaluate.sh", "--task", "MRPC", "--data-bin", data_bin, "--checkpoint",
                         pretrained["checkpoint"]), f"{data_bin} was prepared for RTE, not MRPC")  # fmt: skip
     proc = bash("evaluate.sh", "--task", "RTE", "--data-bin", data_bin, "--checkpoint",

@@ -191,6 +191,6 @@ if [[ $DRY_RUN == 1 ]]; then
     echo
     exit 0
 fi
-[[ -f "$DATA_BIN/input0/dict.txt" ]] || die "$DATA_BIN/input0/dict.txt: missing (run prepare.sh, or fix --data-bin)"
+glue_tools check-data-bin --task "$TASK" "$DATA_BIN" || exit 1
 stage_train
 log "done: $SAVE_DIR/checkpoint_best.pt (best $PRIMARY_METRIC on dev); evaluate.sh --task $TASK --data-bin $DATA_BIN --checkpoint-dir $SAVE_DIR"

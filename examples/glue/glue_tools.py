@@ -30,7 +30,13 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 os.environ.setdefault("REALFORMER_PIPELINE_NAME", "glue")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "wmt14_en_fr"))
-from text_tools import InputError, atomic_write, run_cli  # noqa: E402  (one CLI convention)
+from text_tools import (  # noqa: E402  (one CLI convention)
+    InputError,
+    atomic_write,
+    check_binarized,
+    count_lines_utf8,
+    run_cli,
+)
 
 # ------------------------------------------------------------------ the tasks' files
 
@@ -359,6 +365,36 @@ def cmd_scale_labels(args):
             out.write(f"{float(line) / high:.6g}\n")
 
 
+def check_data_bin(task: Task, data_bin: str):
+    """prepare.sh's data-bin is complete: the dictionaries, every binarized subset (a truncated
+    .bin would fail in the middle of training), the same number of examples in input0, input1,
+    the labels and the GLUE indices of each subset."""
+    pair = len(task.splits[0].inputs) == 2
+    parts = ["input0", "input1"] if pair else ["input0"]
+    for part in parts + ([] if task.regression else ["label"]):
+        count_lines_utf8(os.path.join(data_bin, part, "dict.txt"))
+    for split in task.splits:
+        index = os.path.join(data_bin, "glue", f"{split.subset}.index")
+        if split.subset == "test2" and not os.path.exists(index):
+            continue  # MNLI prepared with --no-diagnostic
+        counts = {"GLUE indices": count_lines_utf8(index)}
+        for part in parts:
+            counts[part] = check_binarized(os.path.join(data_bin, part, f"{split.subset}.idx"))
+        if split.label is not None:
+            label = os.path.join(data_bin, "label", f"{split.subset}.")
+            if task.regression:  # the scores / 5, as text (fairseq reads them so)
+                counts["labels"] = count_lines_utf8(label + "label")
+            else:
+                counts["labels"] = check_binarized(label + "idx")
+        if len(set(counts.values())) > 1:
+            shown = ", ".join(f"{k} {v}" for k, v in counts.items())
+            raise InputError(f"{data_bin}: {split.subset} has {shown} examples; prepare.sh --force")
+
+
+def cmd_check_data_bin(args):
+    check_data_bin(task_named(args.task), args.data_bin)
+
+
 # ------------------------------------------------------------------ model flags of a checkpoint
 
 
@@ -557,6 +593,7 @@ def cmd_predict(args):
     task = task_named(args.task)
     if len(args.checkpoint) != len(args.out_dir):
         raise InputError("give one --out-dir per --checkpoint")
+    check_data_bin(task, args.data_bin)
     for checkpoint, out_dir in zip(args.checkpoint, args.out_dir):
         predict(task, checkpoint, args.data_bin, args.subsets.split(","), out_dir,
                 args.batch_size, args.cpu)  # fmt: skip
@@ -747,6 +784,10 @@ def get_parser():
     s.add_argument("--input", required=True)
     s.add_argument("--output", required=True)
     s.set_defaults(fn=cmd_scale_labels)
+    s = sub.add_parser("check-data-bin", help="prepare.sh's data-bin is complete")
+    s.add_argument("--task", required=True)
+    s.add_argument("data_bin")
+    s.set_defaults(fn=cmd_check_data_bin)
     s = sub.add_parser("model-flags", help="bash assignments: a checkpoint's model flags")
     s.add_argument("--checkpoint", required=True)
     s.add_argument("--drop", default="", help="comma list of model arguments left out")
