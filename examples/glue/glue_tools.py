@@ -28,7 +28,6 @@ import shlex
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-os.environ.setdefault("REALFORMER_PIPELINE_NAME", "glue")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "wmt14_en_fr"))
 from text_tools import (  # noqa: E402  (one CLI convention)
     InputError,
@@ -827,7 +826,7 @@ def get_parser():
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return run_cli(get_parser(), argv)
+    return run_cli(get_parser(), argv, prog="glue")
 
 
 if __name__ == "__main__":
