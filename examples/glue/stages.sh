@@ -53,16 +53,20 @@ split_inputs() { (cd "$WORK/split" && ls -- *.input0 *.input1 2>/dev/null) || tr
 stage_tokenize() {
     mkdir -p "$WORK/tok"
     local name
+    if [[ $TOKENIZER == wordpiece ]]; then # every file in one process
+        local case_flag=(--uncased) ins=() outs=()
+        [[ $CASED == 1 ]] && case_flag=(--cased)
+        for name in $(split_inputs); do
+            ins+=("$WORK/split/$name")
+            outs+=("$WORK/tok/$name.tmp")
+        done
+        "$(bin_of realformer-wordpiece)" --vocab "$VOCAB" "${case_flag[@]}" \
+            --inputs "${ins[@]}" --outputs "${outs[@]}" || die "realformer-wordpiece failed on $WORK/split"
+        for name in $(split_inputs); do mv "$WORK/tok/$name.tmp" "$WORK/tok/$name"; done
+        return 0
+    fi
     for name in $(split_inputs); do
         local in="$WORK/split/$name"
-        if [[ $TOKENIZER == wordpiece ]]; then
-            local case_flag=(--uncased)
-            [[ $CASED == 1 ]] && case_flag=(--cased)
-            "$(bin_of realformer-wordpiece)" --vocab "$VOCAB" "${case_flag[@]}" \
-                --inputs "$in" --outputs "$WORK/tok/$name.tmp" || die "realformer-wordpiece failed on $in"
-            mv "$WORK/tok/$name.tmp" "$WORK/tok/$name"
-            continue
-        fi
         if [[ $LOWERCASE == 1 ]]; then
             glue_tools lowercase --input "$in" --output "$WORK/tok/$name.lc" || exit 1
             in="$WORK/tok/$name.lc"
