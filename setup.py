@@ -47,8 +47,13 @@ setup(
         # the figures of realformer-attention-stats (--no-plots needs nothing) and of the
         # studies in studies/ (not installed: run from a clone as python -m studies.NAME)
         "plots": ["matplotlib>=3.5"],
-        # the tests draw the figures of realformer-attention-stats too
-        "test": ["pytest>=7", "pytest-timeout>=2", "matplotlib>=3.5"],
+        # GLUE's metrics in examples/glue (scripts of the example, not the plugin: fairseq-train
+        # and the plugin never compute them; ve-fairseq's sentence_prediction criterion happens to
+        # import both, fairseq 0.12.2 does not)
+        "glue": ["scikit-learn>=1.0", "scipy>=1.7"],
+        # the tests draw the figures of realformer-attention-stats and score examples/glue too
+        "test": ["pytest>=7", "pytest-timeout>=2", "matplotlib>=3.5", "scikit-learn>=1.0",
+                 "scipy>=1.7"],
         "dev": ["black", "isort", "pytest>=7", "pytest-timeout>=2"],
     },
     entry_points={

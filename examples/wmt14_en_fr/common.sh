@@ -20,13 +20,17 @@ if [[ -z "${PYTHON:-}" ]]; then
     fi
 fi
 PYBIN="$(dirname "$PYTHON")"
+# the name in log lines and "NAME: error: ..." lines: a script of another pipeline that sources this
+# file (examples/glue) sets PIPELINE_NAME first; text_tools.py reads it from the environment
+PIPELINE_NAME=${PIPELINE_NAME:-wmt14_en_fr}
+export REALFORMER_PIPELINE_NAME=$PIPELINE_NAME
 SRC=en
 TGT=fr
 
-log() { echo "$(date -u '+%Y-%m-%d %H:%M:%S') | INFO | wmt14_en_fr | $*" >&2; }
-warn() { echo "$(date -u '+%Y-%m-%d %H:%M:%S') | WARNING | wmt14_en_fr | $*" >&2; }
+log() { echo "$(date -u '+%Y-%m-%d %H:%M:%S') | INFO | $PIPELINE_NAME | $*" >&2; }
+warn() { echo "$(date -u '+%Y-%m-%d %H:%M:%S') | WARNING | $PIPELINE_NAME | $*" >&2; }
 die() {
-    echo "wmt14_en_fr: error: $*" >&2
+    echo "$PIPELINE_NAME: error: $*" >&2
     exit 1
 }
 
@@ -96,15 +100,22 @@ changed_inputs() {
 # stage has a function inputs_NAME printing the files it reads (one per line), their
 # signatures (input_signature): a changed input redoes the stage, whose new outputs then redo
 # the stages that read them. FUNCTION sees STAGE_OUTDATED=1 when it redoes a finished stage.
+# stage_record NAME SETTINGS: what the marker of a stage that finished with SETTINGS holds now
+stage_record() {
+    local inputs=()
+    if declare -F "inputs_$1" >/dev/null; then
+        mapfile -t inputs < <("inputs_$1")
+    fi
+    printf '%s\n' "$2"
+    input_signature "${inputs[@]}"
+}
+
 run_stage() {
     local name=$1 settings=$2
     shift 2
-    local marker="$WORK/stages/$name.done" record inputs=()
+    local marker="$WORK/stages/$name.done" record
     mkdir -p "$WORK/stages"
-    if declare -F "inputs_$name" >/dev/null; then
-        mapfile -t inputs < <("inputs_$name")
-    fi
-    record="$(printf '%s\n' "$settings"; input_signature "${inputs[@]}")"
+    record="$(stage_record "$name" "$settings")"
     STAGE_OUTDATED=0 # 1 while FUNCTION redoes a stage that had finished with other settings or inputs
     [[ ! -f "$marker" ]] || STAGE_OUTDATED=1
     if [[ -f "$marker" && "${FORCE:-0}" != 1 ]]; then
@@ -418,6 +429,53 @@ stage_train() {
     # the script here, before the line below
     "${TRAIN_CMD[@]}" 2>&1 | tee -a "$SAVE_DIR/train.log" || rc=$?
     [[ $rc == 0 ]] || die "fairseq-train failed (exit $rc), see $SAVE_DIR/train.log; re-run to resume from checkpoint_last.pt"
+}
+
+# apply_extra: the fairseq-train arguments after "--" (EXTRA) of train.sh and of scripts of other
+# pipelines built like it (examples/glue/finetune.sh). A flag the script builds (own_option_of,
+# which the script defines, prints the script's option for it) is refused in one line; a flag of
+# the recipe (RECIPE_TRAIN) replaces the recipe's value in place (logged in one line, naming
+# $RECIPE); everything else is passed on after the recipe (logged in one line).
+apply_extra() {
+    local rest=() overrides=() i=0 word flag value j recipe_value
+    while ((i < ${#EXTRA[@]})); do
+        word=${EXTRA[i]}
+        flag=${word%%=*}
+        i=$((i + 1))
+        if [[ "$word" != -* ]]; then
+            rest+=("$word")
+            continue
+        fi
+        if own_option_of "$flag" >/dev/null; then
+            die "$flag after --: $(basename "$0") sets it (use $(own_option_of "$flag")); not passed to fairseq-train"
+        fi
+        for j in "${!RECIPE_TRAIN[@]}"; do
+            [[ "${RECIPE_TRAIN[j]}" == "$flag" ]] || continue
+            recipe_value=${RECIPE_TRAIN[j + 1]:-}
+            if [[ -z "$recipe_value" || "$recipe_value" == --* ]]; then
+                overrides+=("$flag (a switch the recipe sets already)")
+            else
+                if [[ "$word" == *=* ]]; then
+                    value=${word#*=}
+                else
+                    [[ $i -lt ${#EXTRA[@]} ]] || die "$flag after --: needs a value"
+                    value=${EXTRA[i]}
+                    i=$((i + 1))
+                fi
+                RECIPE_TRAIN[j + 1]=$value
+                overrides+=("$flag $recipe_value -> $value")
+            fi
+            continue 2
+        done
+        rest+=("$word")
+    done
+    EXTRA=("${rest[@]}")
+    if ((${#overrides[@]})); then
+        local joined
+        joined="$(printf '%s, ' "${overrides[@]}")"
+        log "overrides of the recipe ($RECIPE): ${joined%, }"
+    fi
+    if ((${#EXTRA[@]})); then log "passed on to fairseq-train after the recipe: ${EXTRA[*]}"; fi
 }
 
 # ------------------------------------------------------------------------------- evaluate

@@ -25,7 +25,8 @@ import time
 import unicodedata
 from typing import Iterator, List, Optional, Sequence
 
-PROG = "wmt14_en_fr"
+# "wmt14_en_fr", or the pipeline whose common.sh sourcing set it (examples/glue: "glue")
+PROG = os.environ.get("REALFORMER_PIPELINE_NAME", "wmt14_en_fr")
 BLOCK = 1 << 22
 
 
@@ -812,13 +813,16 @@ def get_parser():
     return p
 
 
-def run_cli(parser: argparse.ArgumentParser, argv: Optional[List[str]] = None) -> int:
-    """Run the sub-command ``parser`` selects; bad input is one error line, exit 1."""
+def run_cli(
+    parser: argparse.ArgumentParser, argv: Optional[List[str]] = None, prog: Optional[str] = None
+) -> int:
+    """Run the sub-command ``parser`` selects; bad input is one error line ``PROG: error: ...``
+    (``prog``, default this pipeline's name), exit 1."""
     args = parser.parse_args(argv)
     try:
         args.fn(args)
     except InputError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
+        print(f"{prog or PROG}: error: {err}", file=sys.stderr)
         return 1
     return 0
 

@@ -130,50 +130,6 @@ own_option_of() {
     esac
 }
 
-# apply_extra: the fairseq-train arguments after "--". A flag train.sh builds is refused (one
-# line naming its train.sh option); a flag of the recipe replaces the recipe's value in place
-# (logged in one line); everything else is passed on after the recipe (logged in one line).
-apply_extra() {
-    local rest=() overrides=() i=0 word flag value j recipe_value
-    while ((i < ${#EXTRA[@]})); do
-        word=${EXTRA[i]}
-        flag=${word%%=*}
-        i=$((i + 1))
-        if [[ "$word" != -* ]]; then
-            rest+=("$word")
-            continue
-        fi
-        if own_option_of "$flag" >/dev/null; then
-            die "$flag after --: train.sh sets it (use $(own_option_of "$flag")); not passed to fairseq-train"
-        fi
-        for j in "${!RECIPE_TRAIN[@]}"; do
-            [[ "${RECIPE_TRAIN[j]}" == "$flag" ]] || continue
-            recipe_value=${RECIPE_TRAIN[j + 1]:-}
-            if [[ -z "$recipe_value" || "$recipe_value" == --* ]]; then
-                overrides+=("$flag (a switch the recipe sets already)")
-            else
-                if [[ "$word" == *=* ]]; then
-                    value=${word#*=}
-                else
-                    [[ $i -lt ${#EXTRA[@]} ]] || die "$flag after --: needs a value"
-                    value=${EXTRA[i]}
-                    i=$((i + 1))
-                fi
-                RECIPE_TRAIN[j + 1]=$value
-                overrides+=("$flag $recipe_value -> $value")
-            fi
-            continue 2
-        done
-        rest+=("$word")
-    done
-    EXTRA=("${rest[@]}")
-    if ((${#overrides[@]})); then
-        local joined
-        joined="$(printf '%s, ' "${overrides[@]}")"
-        log "overrides of the recipe ($RECIPE): ${joined%, }"
-    fi
-    if ((${#EXTRA[@]})); then log "passed on to fairseq-train after the recipe: ${EXTRA[*]}"; fi
-}
 apply_extra
 
 [[ -z "$MAX_EPOCH" ]] || set_flag --max-epoch "$MAX_EPOCH"
