@@ -106,8 +106,10 @@ class SavedTensorLog:
 
 
 def measure(variant: str, size: Dict, length: int, dictionary) -> Dict:
-    args = SimpleNamespace(**size)
-    model, criterion = benchmark_lm.build(benchmark_lm.VARIANTS[variant], args, length, dictionary)
+    args = SimpleNamespace(model="lm", **size)
+    model, criterion, _ = benchmark_lm.build(
+        benchmark_lm.VARIANTS[variant], args, length, dictionary
+    )
     bsz = max(1, size["batch_tokens"] // length)
     sample = benchmark_lm.make_batch(bsz, length, dictionary, seed=length)
     model.train()

@@ -333,7 +333,11 @@ def check_study(block, **_):
     """A study (hours): each `python -m studies.NAME ARGS` is parsed by that study's parser."""
     import importlib
 
-    for command in commands_of(block[3]):
+    text = block[3]
+    # a shell variable set on its own line (V="a b") is expanded where the block uses it ($V)
+    for name, value in re.findall(r'^([A-Z_]+)="([^"]*)"\n', text, flags=re.M):
+        text = text.replace(f'{name}="{value}"\n', "").replace(f"${name}", value)
+    for command in commands_of(text):
         words, name = program(command)
         assert name in ("python", "python3") and words[1] == "-m", command
         module_name, args = words[2], words[3:]
