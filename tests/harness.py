@@ -314,6 +314,40 @@ def random_batch(
     return src, src_lengths, tgt
 
 
+def beam_decode_with_reordering(model, dictionary, src, src_lengths, beam: int, steps: int):
+    """Incremental decoding as SequenceGenerator drives it: the encoder output expanded to
+    ``bsz * beam`` hypotheses, random hypothesis reorderings within each sentence from the
+    second step on (``reorder_incremental_state_scripting``), random next tokens. Returns the
+    last-position logits of every step, stacked ``(bsz*beam, steps, vocab)``, and the full
+    forward of the same final prefixes, to be compared."""
+    import torch
+
+    bsz = src.size(0)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths)
+        expand = torch.arange(bsz).view(-1, 1).repeat(1, beam).view(-1)
+        encoder_out = model.encoder.reorder_encoder_out(encoder_out, expand)
+        tokens = torch.full((bsz * beam, 1), dictionary.eos(), dtype=torch.long)
+        incremental_state = {}
+        step_logits = []
+        for step in range(steps):
+            if step > 0:
+                perm = torch.stack([torch.randperm(beam, generator=g) for _ in range(bsz)])
+                new_order = (perm + torch.arange(bsz).view(-1, 1) * beam).view(-1)
+                model.decoder.reorder_incremental_state_scripting(incremental_state, new_order)
+                tokens = tokens.index_select(0, new_order)
+                step_logits = [x.index_select(0, new_order) for x in step_logits]
+            logits, _ = model.decoder(
+                tokens, encoder_out=encoder_out, incremental_state=incremental_state
+            )
+            step_logits.append(logits[:, -1])
+            nxt = torch.randint(dictionary.nspecial, len(dictionary), (bsz * beam, 1), generator=g)
+            tokens = torch.cat([tokens, nxt], dim=1)
+        full_logits, _ = model.decoder(tokens[:, :steps], encoder_out=encoder_out)
+    return torch.stack(step_logits, dim=1), full_logits
+
+
 # RealFormer's BERT sizes (He et al. 2020, Table 1): size -> (layers, width, heads, ffn)
 PAPER_BERT_SIZES = {
     "tiny": (2, 64, 2, 128),  # not the paper's: for tests on CPU

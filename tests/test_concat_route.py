@@ -12,7 +12,12 @@ import math
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
-from harness import NO_DROPOUT, build_translation_model, random_batch
+from harness import (
+    NO_DROPOUT,
+    beam_decode_with_reordering,
+    build_translation_model,
+    random_batch,
+)
 
 from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.modules.residual_attention import (
@@ -92,30 +97,12 @@ def test_training_forward_and_gradients_equal_the_eager_route_on_all_three_chain
 def test_incremental_decoding_with_beam_reordering_equals_the_eager_route():
     eager, concat, dictionary = three_layer_pair("mean")
     src, src_lengths, _ = random_batch(dictionary, bsz=3, src_len=8, pad_rows=(0, 2))
-    bsz, beam, steps = 3, 4, 5
     results = []
     for model in (eager, concat):
         model.eval()
-        g = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            encoder_out = model.encoder(src, src_lengths)
-            expand = torch.arange(bsz).view(-1, 1).repeat(1, beam).view(-1)
-            encoder_out = model.encoder.reorder_encoder_out(encoder_out, expand)
-            tokens = torch.full((bsz * beam, 1), dictionary.eos(), dtype=torch.long)
-            state, logits = {}, []
-            for step in range(steps):
-                if step > 0:
-                    perm = torch.stack([torch.randperm(beam, generator=g) for _ in range(bsz)])
-                    order = (perm + torch.arange(bsz).view(-1, 1) * beam).view(-1)
-                    model.decoder.reorder_incremental_state_scripting(state, order)
-                    tokens = tokens.index_select(0, order)
-                    logits = [x.index_select(0, order) for x in logits]
-                out, _ = model.decoder(tokens, encoder_out=encoder_out, incremental_state=state)
-                logits.append(out[:, -1])
-                nxt = torch.randint(4, len(dictionary), (bsz * beam, 1), generator=g)
-                tokens = torch.cat([tokens, nxt], dim=1)
-            full, _ = model.decoder(tokens[:, :steps], encoder_out=encoder_out)
-        results.append((torch.stack(logits, dim=1), full))
+        results.append(
+            beam_decode_with_reordering(model, dictionary, src, src_lengths, beam=4, steps=5)
+        )
     torch.testing.assert_close(results[1][0], results[0][0], **EXACT)
     torch.testing.assert_close(results[1][0], results[1][1], **EXACT)  # incremental = full
     kernels = {name: m.last_kernel for name, m in concat_modules(concat).items()}

@@ -4,7 +4,12 @@ fairseq's incremental state and beam reordering equals the full forward."""
 import pytest
 import torch
 from fairseq.sequence_generator import SequenceGenerator
-from harness import NO_DROPOUT, build_translation_model, random_batch
+from harness import (
+    NO_DROPOUT,
+    beam_decode_with_reordering,
+    build_translation_model,
+    random_batch,
+)
 
 
 @pytest.mark.parametrize(
@@ -32,35 +37,10 @@ def test_incremental_decoding_with_beam_reordering_equals_full_forward(arch, ove
         arch, init_type="default", **NO_DROPOUT, **overrides
     )
     model.eval()
-    bsz, beam, steps = 3, 4, 6
-    src, src_lengths, _ = random_batch(dictionary, bsz=bsz, src_len=8, pad_rows=(0, 2))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        encoder_out = model.encoder(src, src_lengths)
-        # expand to bsz * beam hypotheses, as SequenceGenerator does
-        expand = torch.arange(bsz).view(-1, 1).repeat(1, beam).view(-1)
-        encoder_out = model.encoder.reorder_encoder_out(encoder_out, expand)
-
-        tokens = torch.full((bsz * beam, 1), dictionary.eos(), dtype=torch.long)
-        incremental_state = {}
-        step_logits = []
-        for step in range(steps):
-            if step > 0:
-                # reorder hypotheses within each sentence (beam search's reordering)
-                perm = torch.stack([torch.randperm(beam, generator=g) for _ in range(bsz)])
-                new_order = (perm + torch.arange(bsz).view(-1, 1) * beam).view(-1)
-                model.decoder.reorder_incremental_state_scripting(incremental_state, new_order)
-                tokens = tokens.index_select(0, new_order)
-                step_logits = [x.index_select(0, new_order) for x in step_logits]
-            logits, _ = model.decoder(
-                tokens, encoder_out=encoder_out, incremental_state=incremental_state
-            )
-            step_logits.append(logits[:, -1])
-            nxt = torch.randint(dictionary.nspecial, len(dictionary), (bsz * beam, 1), generator=g)
-            tokens = torch.cat([tokens, nxt], dim=1)
-
-        full_logits, _ = model.decoder(tokens[:, :steps], encoder_out=encoder_out)
-    incremental = torch.stack(step_logits, dim=1)
+    src, src_lengths, _ = random_batch(dictionary, bsz=3, src_len=8, pad_rows=(0, 2))
+    incremental, full_logits = beam_decode_with_reordering(
+        model, dictionary, src, src_lengths, beam=4, steps=6
+    )
     torch.testing.assert_close(incremental, full_logits, atol=1e-5, rtol=0)
 
 
