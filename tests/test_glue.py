@@ -532,6 +532,10 @@ def prepare_task(pretrained, task, glue, work):
                    "--workers", "1"))  # fmt: skip
 
 
+# a fine-tuning that only has to run (its command and outputs are what the test checks)
+TWO_UPDATES = ("--max-update", "2", "--warmup", "1", "--batch-size", "2")
+
+
 def finetune(pretrained, task, data_bin, save_dir, *extra):
     return ok(bash("finetune.sh", "--task", task, "--data-bin", data_bin, "--checkpoint",
                    pretrained["checkpoint"], "--save-dir", save_dir, "--cpu", *extra))  # fmt: skip
@@ -612,12 +616,7 @@ def test_mnli_from_glue_files_to_server_files(pretrained, tmp_path):
         "MNLI",
         data_bin,
         tmp_path / "ft",
-        "--max-update",
-        "2",
-        "--warmup",
-        "1",
-        "--batch-size",
-        "2",
+        *TWO_UPDATES,
         "--",
         "--valid-subset",
         "valid,valid1",
@@ -670,12 +669,7 @@ def test_stsb_regression_from_glue_files_to_server_file(pretrained, tmp_path):
         "STS-B",
         data_bin,
         tmp_path / "ft",
-        "--max-update",
-        "2",
-        "--warmup",
-        "1",
-        "--batch-size",
-        "2",
+        *TWO_UPDATES,
     )
     flags = train_command(tmp_path / "ft")
     assert "--regression-target" in flags and flags["--num-classes"] == "1"
