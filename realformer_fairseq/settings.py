@@ -29,8 +29,8 @@ from .errors import RealformerConfigError
 RESIDUAL_CHAINS = ("encoder", "decoder", "cross")
 RESIDUAL_ATTENTION_MODES = ("sum", "mean")
 # eager: the float32 score stream, layer by layer; concat: one fused attention over the
-# concatenated queries and keys of the chain so far (no stream); auto: per chain and batch,
-# the faster of the two by the rule in modules/residual_attention.py (docs/benchmarks.md)
+# concatenated queries and keys of the chain so far (no stream); auto: concat where a measured
+# rule of modules/route_rules.py matches this machine's GPU, eager elsewhere (docs/benchmarks.md)
 RESIDUAL_ATTENTION_IMPLS = ("eager", "concat", "auto")
 INIT_TYPES = ("default", "admin", "admin-closed-form")
 ADMIN_INIT_TYPES = ("admin", "admin-closed-form")
@@ -77,8 +77,11 @@ FLAGS = (
             help="how the residual score chains are computed (the same values): eager "
             "materialises the float32 running sum of scores; concat runs one fused attention "
             "over the concatenated queries and keys of this and all earlier layers of the chain "
-            "(no T x T tensor, falls back to eager where no fused kernel serves the call); auto "
-            "picks per chain by length, depth, head size, dropout, device and dtype",
+            "(no T x T tensor, falls back to eager where no fused kernel serves the call, with "
+            "one warning); auto (the default) runs concat only where a measured rule for this "
+            "machine's GPU says it wins (today: the first 4 layers of self-attention chains on "
+            "keys of 512+ tokens, fp16/bf16, NVIDIA H200 with torch 2.11) and builds the eager "
+            "route everywhere else",
         ),
     ),
     Flag(

@@ -28,6 +28,7 @@ from typing import Dict, List
 import torch
 
 from realformer_fairseq.modules.residual_attention import ConcatRealformerMultiheadAttention
+from realformer_fairseq.modules.route_rules import ConcatRule
 
 from .bench_measure import interleaved_rates, machine_info
 from .runs import config, write_json
@@ -39,15 +40,27 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"float32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def switch_depth_rule(depth: int) -> ConcatRule:
+    """A rule under measurement: the first ``depth`` layers fused, on any device."""
+    return ConcatRule(
+        device_name="", capability=(0, 0), torch_version="", dtypes=tuple(DTYPES.values()),
+        chains=("encoder", "decoder"), min_length=0, depth=depth,
+        source="studies.concat_rule: a switch depth under measurement",
+    )  # fmt: skip
+
+
 def chain(layers: int, heads: int, head_dim: int, switch_depth: int, mode: str, device, dtype):
-    """``layers`` modules of the auto route whose rule is replaced by ``layer < switch_depth``."""
+    """``layers`` modules of the auto route with the rule ``layer < switch_depth`` (on any
+    device: the measured rules of route_rules.py apply to CUDA devices only)."""
     torch.manual_seed(0)
     modules = []
     for _ in range(layers):
         m = ConcatRealformerMultiheadAttention(
-            heads * head_dim, heads, residual_attention_mode=mode, self_attention=True
-        )
-        m.concat_pays = lambda layer_idx, tgt_len, src_len, q, d=switch_depth: layer_idx < d
+            heads * head_dim, heads, residual_attention_mode=mode,
+            residual_attention_impl="auto", rule=switch_depth_rule(switch_depth),
+            self_attention=True,
+        )  # fmt: skip
+        m.auto_runs_fused = lambda layer_idx, src_len, q, d=switch_depth: layer_idx < d
         modules.append(m.to(device=device, dtype=dtype))
     return modules
 

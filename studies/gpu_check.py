@@ -1,10 +1,14 @@
 #!/usr/bin/env python
-"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, aimed at under 8 minutes (not yet
-run on a GPU).
+"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, about 5 minutes on an H200.
 
 He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747);
 Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.07772).
 
+0. Precision (``studies.route_precision``): both routes of the residual score chains against
+   the eager route in float64, per SDPA kernel (math, flash, memory-efficient, cuDNN), per
+   chain shape (causal self-attention, self-attention, cross-attention) and per sequence
+   (unpadded, right/left half padded, fully padded), in float32, fp16 and bf16; fails above the
+   tolerance per dtype stated in ``route_precision.TOLERANCE``.
 1. Builds a small data-bin offline from ``../shared/data/enfr`` (the Moses-tokenised
    newstest2012-14 of ``moses_reference``, a small joint BPE, ``fairseq-preprocess``), then runs
    ``fairseq-train --fp16`` for ``realformer_wmt_en_fr_60_12`` and
@@ -15,17 +19,17 @@ Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.
    ``transformer`` (``vanilla``) at 6L-6L and 60L-12L (d512), fp16 and bf16, 5000-token batches
    of sentence lengths 32 and 128, interleaved in one process (``bench_measure``);
 3. beam-5 generation sentences/s of the same pairs.
-4. The routes of the residual score chains (``--residual-attention-impl``), so that the first
-   GPU tells which one wins there (``auto`` runs eager on GPUs until it is measured): training
-   words/s and peak memory of ``realformer_eager``, ``realformer_concat`` and ``realformer``
-   (auto) against ``vanilla`` at 6L-6L d512 (head size 64), fp16 and bf16, lengths 128, 512 and
-   2048; the switch depth of ``studies.concat_rule`` (chains of 6 and 12 layers: time of the
-   first D layers fused, the rest eager, against all eager) with the SDPA kernel that ran; and
-   a precision check of both routes against float64 (fp16, bf16, and float32 against the eager
-   route), with a fully padded sequence whose rows must stay finite.
+4. The routes of the residual score chains (``--residual-attention-impl``): training words/s
+   and peak memory of ``realformer_eager``, ``realformer_concat`` and ``realformer`` (auto,
+   which runs the measured rule of ``realformer_fairseq/modules/route_rules.py`` where it
+   matches this GPU and torch, eager elsewhere) against ``vanilla`` at 6L-6L d512 (head size
+   64), fp16 and bf16, lengths 128, 512 and 2048; and the switch depth of
+   ``studies.concat_rule`` (chains of 6 and 12 layers: time of the first D layers fused, the
+   rest eager, against all eager) with the SDPA kernel that ran.
 
-Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 1
-fails. ``--smoke`` runs the same code on CPU at toy sizes (the default test suite does).
+Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 0 or
+part 1 fails. ``--smoke`` runs the same code on CPU at toy sizes (the default test suite runs
+its precision part; the whole smoke run is under ``-m slow``).
 
 Sizes, dtypes, lengths and the compared variants (``bench_models.VARIANTS``) are data in
 ``FULL`` / ``SMOKE`` / ``DTYPES``.
@@ -49,7 +53,7 @@ import torch
 
 from realformer_fairseq.atomic_files import write_json_atomic
 
-from . import concat_rule
+from . import concat_rule, route_precision
 from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
 from .bench_models import Bench, dummy_dictionary, make_batch, quiet_route_logs
 from .runs import BIN, DEFAULT_DATA, REPO_ROOT, user_dir
@@ -250,7 +254,7 @@ def route_kernels(benches) -> dict:
 def routes_part(cfg) -> dict:
     """Part 4: the routes at model level, the switch depth per length, and precision."""
     routes = cfg["routes"]
-    result = {"models": speed_part(cfg, routes, generation=False), "rule": {}, "precision": {}}
+    result = {"models": speed_part(cfg, routes, generation=False), "rule": {}}
     for dtype_name in DTYPES:
         for layers in routes["rule_layers"]:
             args = concat_rule.parse_args([
@@ -264,65 +268,6 @@ def routes_part(cfg) -> dict:
                 concat_rule.measure(length, args.head_dims[0], max(1, args.tokens // length), args)
                 for length in args.lengths
             ]
-    for dtype_name in ("float32", *DTYPES):
-        result["precision"][dtype_name] = precision_check(
-            cfg["device"], concat_rule.DTYPES[dtype_name], routes["precision_length"]
-        )
-    return result
-
-
-def precision_check(device: str, dtype, length: int) -> dict:
-    """A 6-layer self-attention chain (running mean, causal mask, right padding and one fully
-    padded sequence) in ``dtype`` on ``device`` on both routes, against the eager route in
-    float64 on CPU: max error / max |output|, finiteness, the kernels that ran."""
-    from realformer_fairseq.modules.residual_attention import (
-        ConcatRealformerMultiheadAttention,
-        RealformerMultiheadAttention,
-    )
-
-    embed, heads, bsz = 64, 4, 3
-    torch.manual_seed(0)
-    eager64 = [RealformerMultiheadAttention(embed, heads, residual_attention_mode="mean",
-                                            self_attention=True).double() for _ in range(6)]  # fmt: skip
-    x = torch.randn(length, bsz, embed, dtype=torch.float64)
-    causal = torch.triu(torch.full((length, length), float("-inf"), dtype=torch.float64), 1)
-    pad = torch.zeros(bsz, length, dtype=torch.bool)
-    pad[1, length // 2 :] = True
-    pad[2, :] = True
-
-    def run_chain(layers, x, mask, padding):
-        scores = queries = keys = None
-        for idx, m in enumerate(layers):
-            extra = {}
-            if isinstance(m, ConcatRealformerMultiheadAttention):
-                extra = dict(prev_attn_queries=queries, prev_attn_keys=keys)
-            out = m(x, x, x, key_padding_mask=padding, attn_mask=mask, need_weights=False,
-                    prev_attn_scores=scores, layer_idx=idx, **extra)  # fmt: skip
-            x, scores = out[0], out[2]
-            if len(out) == 5:
-                queries, keys = out[3], out[4]
-        return x
-
-    with torch.no_grad():
-        truth = run_chain(eager64, x, causal, pad)
-        result = {}
-        for route in ("eager", "concat"):
-            layers = []
-            for ref in eager64:
-                m = (RealformerMultiheadAttention(embed, heads, residual_attention_mode="mean",
-                                                  self_attention=True) if route == "eager" else
-                     ConcatRealformerMultiheadAttention(embed, heads, residual_attention_mode="mean",
-                                                        residual_attention_impl="concat",
-                                                        self_attention=True))  # fmt: skip
-                m.load_state_dict(ref.state_dict())
-                layers.append(m.to(device=device, dtype=dtype))
-            out = run_chain(layers, x.to(device, dtype), causal.to(device, dtype), pad.to(device))
-            out = out.double().cpu()
-            result[route] = {
-                "max_error_relative": ((out - truth).abs().max() / truth.abs().max()).item(),
-                "finite": bool(torch.isfinite(out).all()),
-                "kernels": sorted({getattr(m, "last_kernel", "eager route") for m in layers}),
-            }
     return result
 
 
@@ -331,8 +276,8 @@ def main(argv=None) -> int:
     p.add_argument("--smoke", action="store_true", help="CPU, toy sizes: the same code path")
     p.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     p.add_argument("--work-dir", type=Path, default=REPO_ROOT / "work_dirs" / "gpu_check")
-    p.add_argument("--parts", nargs="+", choices=("train", "speed", "routes"),
-                   default=["train", "speed", "routes"])  # fmt: skip
+    p.add_argument("--parts", nargs="+", choices=("precision", "train", "speed", "routes"),
+                   default=["precision", "train", "speed", "routes"])  # fmt: skip
     args = p.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
     quiet_route_logs()
@@ -341,6 +286,10 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     t0 = time.time()
     report = {"smoke": args.smoke, "machine": machine_info()}
+    if "precision" in args.parts:  # first: seconds, and the part a wrong kernel fails
+        report["precision"] = route_precision.check(
+            cfg["device"], list(route_precision.DTYPES), cfg["routes"]["precision_length"]
+        )
     if "train" in args.parts:
         report["training"] = training_part(cfg, args.work_dir)
     if "speed" in args.parts:
@@ -365,11 +314,11 @@ def main(argv=None) -> int:
             ratios = ", ".join(f"D={d}: {x:.2f}" for d, x in r["time_ratio_vs_eager"].items())
             print(f"switch depth {name} T={r['length']}: best D={r['best_switch_depth']} "
                   f"({ratios}; {', '.join(r['concat_kernels'])})")  # fmt: skip
-    for dtype_name, res in routes.get("precision", {}).items():
-        print(f"precision {dtype_name}: " + "; ".join(
-            f"{route} {r['max_error_relative']:.2e} finite={r['finite']} {r['kernels']}"
-            for route, r in res.items()))  # fmt: skip
-    checks = report.get("training", {}).get("checks", {})
+    if "precision" in report:
+        print("\n".join(route_precision.summary_lines(report["precision"])))
+    checks = dict(report.get("training", {}).get("checks", {}))
+    if "precision" in report:
+        checks["precision_of_both_routes_on_every_kernel"] = report["precision"]["passed"]
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'} {name}")
     print(f"wrote {args.out} in {report['wall_seconds']:.0f}s")

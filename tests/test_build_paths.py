@@ -52,9 +52,10 @@ EXPECTED = {
 # the line build_model logs, counted from the built modules
 EXPECTED_BUILT_LINE = {
     "translation": "built --arch realformer_tiny: residual attention layers encoder=2/2 "
-    "decoder=2/2 cross=2/2 (running mean, auto route); ADMIN residuals 10/10 (--init-type admin)",
+    "decoder=2/2 cross=2/2 (running mean, eager route of --residual-attention-impl auto); "
+    "ADMIN residuals 10/10 (--init-type admin)",
     "masked_lm": "built --arch {arch}: residual attention layers encoder=2/2 (running sum, "
-    "auto route); "
+    "eager route of --residual-attention-impl auto); "
     "ADMIN residuals 4/4 (--init-type admin)",
 }
 EXPECTED_BUILT_LINE["sentence_prediction"] = EXPECTED_BUILT_LINE["masked_lm"]
@@ -395,7 +396,7 @@ def test_built_model_that_disagrees_with_settings_is_refused():
     cases = [
         (
             {"residual_attention": "decoder,cross", "residual_attention_mode": "mean"},
-            "chain 'encoder' layer 0 has ConcatRealformerMultiheadAttention, but residual "
+            "chain 'encoder' layer 0 has RealformerMultiheadAttention, but residual "
             "attention is off for this chain",
         ),
         (
@@ -405,14 +406,9 @@ def test_built_model_that_disagrees_with_settings_is_refused():
         (
             {"residual_attention": "all", "residual_attention_mode": "mean",
              "residual_attention_impl": "concat"},
-            "chain 'encoder' layer 0 has ConcatRealformerMultiheadAttention with the auto "
-            "route, the config asks for --residual-attention-impl concat",
-        ),  # fmt: skip
-        (
-            {"residual_attention": "all", "residual_attention_mode": "mean",
-             "residual_attention_impl": "eager"},
-            "chain 'encoder' layer 0 has ConcatRealformerMultiheadAttention with the auto "
-            "route, the config asks for --residual-attention-impl eager",
+            "chain 'encoder' layer 0 has RealformerMultiheadAttention with the eager route, "
+            "the config asks for --residual-attention-impl concat, which builds the concat "
+            "route on this machine",
         ),  # fmt: skip
         (
             {
@@ -428,6 +424,25 @@ def test_built_model_that_disagrees_with_settings_is_refused():
         with pytest.raises(RealformerConfigError) as err:
             check_layers_match_settings(settings, chains, model, model_name="--arch x")
         assert str(err.value) == f"--arch x disagrees with its config: {message}"
+    # a concat model against auto, which builds the eager route on a machine without a
+    # measured rule (this one)
+    concat = make_task("translation").build_model(
+        OmegaConf.create({"_name": "realformer_tiny", "residual_attention_impl": "concat"})
+    )
+    with pytest.raises(RealformerConfigError) as err:
+        check_layers_match_settings(settings_auto(), attention_chains(concat), concat, "--arch x")
+    assert str(err.value) == (
+        "--arch x disagrees with its config: chain 'encoder' layer 0 has "
+        "ConcatRealformerMultiheadAttention with the concat route, the config asks for "
+        "--residual-attention-impl auto, which builds the eager route on this machine"
+    )
+
+
+def settings_auto():
+    return read_realformer_settings(
+        {"residual_attention": "all", "residual_attention_mode": "mean", "init_type": "admin",
+         "residual_attention_impl": "auto"}
+    )  # fmt: skip
 
 
 def test_a_build_path_that_drops_a_flag_stops_with_one_error_line(monkeypatch):

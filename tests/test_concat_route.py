@@ -20,6 +20,7 @@ from harness import (
 )
 
 from realformer_fairseq.errors import RealformerConfigError
+from realformer_fairseq.modules import residual_attention, route_rules
 from realformer_fairseq.modules.residual_attention import (
     ConcatRealformerMultiheadAttention,
     RealformerMultiheadAttention,
@@ -368,37 +369,118 @@ def test_impl_flag_defaults_and_errors():
     assert read_realformer_settings(off).residual_attention_impl is None
     with pytest.raises(RealformerConfigError, match="needs residual attention on"):
         read_realformer_settings(dict(off, residual_attention_impl="concat"))
-    # the architecture's default, and the modules built for each value
-    for impl, cls in (("eager", RealformerMultiheadAttention),
-                      ("concat", ConcatRealformerMultiheadAttention),
-                      (None, ConcatRealformerMultiheadAttention)):  # fmt: skip
+    # the modules built for each value on a machine no measured rule matches (this one)
+    for impl, cls, route in (("eager", RealformerMultiheadAttention, "eager"),
+                             ("concat", ConcatRealformerMultiheadAttention, "concat"),
+                             ("auto", RealformerMultiheadAttention, "eager"),
+                             (None, RealformerMultiheadAttention, "eager")):  # fmt: skip
         flags = {} if impl is None else {"residual_attention_impl": impl}
         model, _ = build_translation_model("realformer_tiny", **flags)
-        for m in (model.encoder.layers[0].self_attn, model.decoder.layers[1].encoder_attn):
-            assert type(m) is cls and m.residual_attention_impl == (impl or "auto")
+        for m in (model.encoder.layers[0].self_attn, model.decoder.layers[1].self_attn,
+                  model.decoder.layers[1].encoder_attn):  # fmt: skip
+            assert type(m) is cls and m.residual_attention_impl == route
 
 
-def test_auto_runs_eager_where_the_concat_route_was_measured_slower():
-    """auto's rule: on CPU the concat route lost in every model measured (docs/benchmarks.md:
-    6L-6L d256 at 128/512/1024 tokens, 12-layer encoder and 6-layer LM at 128/512/1024, 6L-6L
-    d512 and 60L-12L at 32), so auto is the eager route there, in every chain; unmeasured
-    places (GPUs, half precision) run eager too."""
-    for head_dim, layers in ((64, 6), (64, 12), (32, 60), (32, 4)):
-        m = ConcatRealformerMultiheadAttention(
-            4 * head_dim, 4, residual_attention_mode="mean", chain_layers=layers,
+def pretend_gpu(monkeypatch, name="NVIDIA H200", capability=(9, 0), version="2.11.0+cu130"):
+    """This process as one on a GPU machine, for the rule lookup at build time."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda idx=0: name)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda idx=0: capability)
+    monkeypatch.setattr(route_rules.torch, "__version__", version)
+
+
+def test_the_measured_rule_is_the_h200_measurement():
+    """Issue 35's measurement (studies/gpu_check.py part 4, one NVIDIA H200, torch
+    2.11.0+cu130): switch depth D = 4 best at 2,048 tokens in every case, D = 2-6 at 512, no
+    depth paying reliably at 128; fp16 and bf16; self-attention chains."""
+    (rule,) = route_rules.CONCAT_RULES
+    assert (rule.device_name, rule.capability, rule.torch_version) == ("H200", (9, 0), "2.11")
+    assert set(rule.dtypes) == {torch.float16, torch.bfloat16}
+    assert set(rule.chains) == {"encoder", "decoder"}
+    assert (rule.min_length, rule.depth) == (512, 4)
+    assert "H200" in rule.source and "torch 2.11.0+cu130" in rule.source
+
+
+class FakeQueries:
+    """What auto_runs_fused reads of the queries: their device type and dtype."""
+
+    def __init__(self, device_type, dtype):
+        self.device = torch.device(device_type)
+        self.dtype = dtype
+
+
+def test_auto_fuses_the_first_four_layers_from_512_tokens_on_cuda_in_half_precision():
+    (rule,) = route_rules.CONCAT_RULES
+    m = ConcatRealformerMultiheadAttention(
+        256, 4, residual_attention_mode="mean", residual_attention_impl="auto", rule=rule,
+        self_attention=True,
+    )  # fmt: skip
+    fused = {
+        (layer, length, device, str(dtype))
+        for layer in range(8)
+        for length in (128, 511, 512, 2048)
+        for device in ("cpu", "cuda")
+        for dtype in (torch.float16, torch.bfloat16, torch.float32)
+        if m.auto_runs_fused(layer, length, FakeQueries(device, dtype))
+    }
+    want = {
+        (layer, length, "cuda", dtype)
+        for layer in (0, 1, 2, 3)
+        for length in (512, 2048)
+        for dtype in ("torch.float16", "torch.bfloat16")
+    }
+    assert fused == want
+    with pytest.raises(ValueError, match="auto route needs its measured rule"):
+        ConcatRealformerMultiheadAttention(
+            256, 4, residual_attention_mode="mean", residual_attention_impl="auto",
             self_attention=True,
         )  # fmt: skip
-        for length in (32, 128, 512, 1024, 2048):
-            for q in (torch.zeros(1), torch.zeros(1).half()):
-                assert m.concat_depth(length, length, q) == 0
-                assert not m.concat_pays(0, length, length, q)
+
+
+def test_auto_builds_the_concat_route_only_where_the_rule_matches_the_gpu(monkeypatch):
+    pretend_gpu(monkeypatch)
+    model, _ = build_translation_model("realformer_tiny")
+    layer = model.decoder.layers[1]
+    for m in (model.encoder.layers[0].self_attn, layer.self_attn):
+        assert type(m) is ConcatRealformerMultiheadAttention
+        assert (m.residual_attention_impl, m.auto_depth, m.auto_min_length) == ("auto", 4, 512)
+    assert type(layer.encoder_attn) is RealformerMultiheadAttention  # cross: not measured
+    assert layer.encoder_attn.residual_attention_impl == "eager"
+    # an unmeasured torch, GPU or architecture: the eager route everywhere
+    for other in (dict(version="2.13.0+cu130"), dict(name="NVIDIA A100-SXM4-80GB",
+                  capability=(8, 0)), dict(name="NVIDIA H100 80GB HBM3")):  # fmt: skip
+        pretend_gpu(monkeypatch, **other)
+        model, _ = build_translation_model("realformer_tiny")
+        assert {type(m) for m in model.modules() if hasattr(m, "residual_attention_impl")} == {
+            RealformerMultiheadAttention
+        }, other
+
+
+def test_auto_on_a_matching_gpu_machine_runs_eager_on_cpu(monkeypatch):
+    """A model built on a GPU machine whose rule matches, but run on the CPU: eager."""
+    pretend_gpu(monkeypatch)
     _, auto, dictionary = model_pair(impl="auto", **NO_DROPOUT)
     auto.float().train()
-    src, src_lengths, tgt = random_batch(dictionary, 1, 256, 4, pad_rows=())
+    src, src_lengths, tgt = random_batch(dictionary, 1, 600, 4, pad_rows=())
     auto(src, src_lengths, tgt)
     kernels = {m.last_kernel for m in concat_modules(auto).values()}
-    assert kernels == {"eager, because auto: the eager route is faster here",
+    assert kernels == {"eager, because auto: its measured rule runs the eager route here",
                        "eager, the chain's stream"}  # fmt: skip
+
+
+def test_an_explicit_concat_route_that_cannot_fuse_warns_once(caplog):
+    _, concat, dictionary = model_pair(attention_dropout=0.1)
+    concat.float().train()
+    src, src_lengths, tgt = random_batch(dictionary)
+    residual_attention._WARNED.clear()
+    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.residual_attention"):
+        for _ in range(3):
+            concat(src, src_lengths, tgt)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert warnings == [
+        "--residual-attention-impl concat: runs the eager route where attention dropout on "
+        "CPU (no fused CPU kernel draws it) (said once per process)"
+    ]
 
 
 def test_layerdrop_leaves_a_dropped_layer_out_of_the_concatenation_as_out_of_the_stream():

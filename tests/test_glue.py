@@ -520,7 +520,10 @@ def pretrained(tmp_path_factory):
     cmd = glue_pairs.pretrain_command(mlm_bin, save, "realformer_bert_tiny", 1, MLM,
                                       extra=["--residual-attention-mode", "mean"])  # fmt: skip
     log = runs.run(cmd, save / "train.log")
-    assert "residual attention layers encoder=2/2 (running mean, auto route)" in log
+    assert (
+        "residual attention layers encoder=2/2 (running mean, eager route of --residual-attention-impl auto)"
+        in log
+    )
     return {"work": work, "codes": codes, "dict": mlm_bin / "dict.txt",
             "checkpoint": save / "checkpoint_last.pt", "glue": work / "task",
             "test_labels": work / "task" / "test_labels.txt", "mlm_log": log}  # fmt: skip
@@ -919,7 +922,10 @@ def test_end_to_end_translation_pairs_above_the_majority_class(pretrained, tmp_p
     assert flags["--residual-attention-mode"] == "mean" and flags["--max-positions"] == "128"
     assert flags["--best-checkpoint-metric"] == "acc_and_f1"
     log = (tmp_path / "ft" / "train.log").read_text()
-    assert "residual attention layers encoder=2/2 (running mean, auto route)" in log
+    assert (
+        "residual attention layers encoder=2/2 (running mean, eager route of --residual-attention-impl auto)"
+        in log
+    )
     assert f"loading pretrained model from {pretrained['checkpoint']}" in log
     proc = ok(bash("evaluate.sh", "--task", "MRPC", "--data-bin", data_bin, "--checkpoint-dir",
                    tmp_path / "ft", "--out-dir", tmp_path / "eval", "--cpu"))  # fmt: skip

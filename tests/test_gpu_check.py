@@ -124,27 +124,31 @@ def test_gpu_check_smoke(tmp_path):
         )
 
 
-def test_routes_part_measures_the_three_routes_and_their_precision():
+def test_routes_part_measures_the_three_routes():
     """Part 4 at smoke sizes on CPU (the same code as on a GPU): every route beside fairseq's
-    transformer, the kernels that ran, the switch depths, and a precision check whose fully
-    padded sequence stays finite; the concat route fused where it could."""
+    transformer, the kernels that ran, the switch depths; the concat route fused where it
+    could (the CPU's flash kernel), the eager variant and auto (eager on a machine without a
+    measured rule: the plain module, no kernel to report) never."""
     result = gpu_check.routes_part(gpu_check.SMOKE)
     rows = result["models"]
     assert set(rows) == {f"2L-2L d32 {d} len{n}" for d in ("fp16", "bf16") for n in (8, 16)}
-    for row in rows.values():
+    for name, row in rows.items():
+        assert row["batch_sentences"] == {"len8": 8, "len16": 4}[name.split()[-1]]  # 64 tokens
         assert set(row["ratios"]) == {
             f"{v}/vanilla" for v in ("realformer_eager", "realformer_concat", "realformer")
         }
-        assert all(r["train_wps"] > 0 and r["peak_memory"] > 0 for r in row["ratios"].values())
-        # the eager variant never fuses; auto on CPU in half precision runs eager (unmeasured)
-        assert not any("fused" in k for k in row["kernels"]["realformer_eager"])
-        assert not any("fused" in k for k in row["kernels"]["realformer"])
-    for rule_rows in result["rule"].values():
+        for r in row["ratios"].values():
+            for key, value in r.items():
+                if key != "gen_sents_per_s":  # not measured in part 4
+                    assert 1 / 50 < value < 50, (name, key, value)
+        assert row["kernels"]["realformer_eager"] == [] and row["kernels"]["realformer"] == []
+        assert row["kernels"]["realformer_concat"] == [  # the last layer's alignment weights
+            "eager, because the attention probabilities are asked for (need_weights)",
+            "fused SDPA, flash",
+        ], name
+    for name, rule_rows in result["rule"].items():
+        assert [r["length"] for r in rule_rows] == [8, 16], name
         for r in rule_rows:
-            assert set(r["time_ratio_vs_eager"]) == {0, 1, 2} and r["time_ratio_vs_eager"][0] == 1
-    for dtype, res in result["precision"].items():
-        assert res["eager"]["finite"] and res["concat"]["finite"], dtype
-        assert res["concat"]["kernels"] == ["fused SDPA, flash"], dtype
-        bound = {"float32": 1e-5, "fp16": 5e-3, "bf16": 5e-2}[dtype]
-        assert res["eager"]["max_error_relative"] < bound, dtype
-        assert res["concat"]["max_error_relative"] < bound, dtype
+            assert set(r["time_ratio_vs_eager"]) == {0, 1, 2}
+            assert r["concat_kernels"] == ["fused SDPA, flash"], name
+            assert r["best_switch_depth"] in (0, 1, 2)

@@ -21,6 +21,7 @@ from ..modules.residual_attention import (
     ConcatRealformerMultiheadAttention,
     RealformerMultiheadAttention,
 )
+from ..modules.route_rules import built_route
 from ..settings import RealformerSettings, read_realformer_settings
 from .supported_flags import refuse_unsupported_flags
 
@@ -84,14 +85,16 @@ def check_layers_match_settings(
                     f"the running {settings.residual_attention_mode}"
                 )
             impl = getattr(module, "residual_attention_impl", "eager")
+            route = built_route(settings.residual_attention_impl, chain) if got else impl
             if got and (
-                impl != settings.residual_attention_impl
+                impl != route
                 or isinstance(module, ConcatRealformerMultiheadAttention) != (impl != "eager")
             ):
                 raise RealformerConfigError(
                     f"{model_name} disagrees with its config: chain '{chain}' layer {idx} "
                     f"has {type(module).__name__} with the {impl} route, the config asks for "
-                    f"--residual-attention-impl {settings.residual_attention_impl}"
+                    f"--residual-attention-impl {settings.residual_attention_impl}, which "
+                    f"builds the {route} route on this machine"
                 )
     residuals = [m for m in model.modules() if isinstance(m, AdminResidual)]
     if not residuals:
@@ -107,8 +110,8 @@ def check_layers_match_settings(
 
 def built_model_summary(chain_attention, residuals, model_name, settings) -> str:
     """One log line counted from the built modules, e.g. ``built --arch realformer_tiny:
-    residual attention layers encoder=2/2 decoder=2/2 cross=2/2 (running mean, auto route);
-    ADMIN residuals 10/10 (--init-type admin)``."""
+    residual attention layers encoder=2/2 decoder=2/2 cross=2/2 (running mean, eager route
+    of --residual-attention-impl auto); ADMIN residuals 10/10 (--init-type admin)``."""
     counts = []
     for chain, modules in chain_attention.items():
         present = [m for m in modules if m is not None]
@@ -121,7 +124,12 @@ def built_model_summary(chain_attention, residuals, model_name, settings) -> str
         for m in modules
         if isinstance(m, RealformerMultiheadAttention)
     }
-    how = f"running {mode}, {'/'.join(sorted(routes))} route" if mode else "off"
+    how = "off"
+    if mode:
+        how = (
+            f"running {mode}, {'/'.join(sorted(routes))} route "
+            f"of --residual-attention-impl {settings.residual_attention_impl}"
+        )
     return (
         f"built {model_name}: residual attention layers {' '.join(counts)} "
         f"({how}); ADMIN residuals "

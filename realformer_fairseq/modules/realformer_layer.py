@@ -29,6 +29,7 @@ from ..errors import RealformerConfigError
 from ..settings import RealformerSettings
 from .admin import AdminResidual
 from .residual_attention import ConcatRealformerMultiheadAttention, RealformerMultiheadAttention
+from .route_rules import built_route, rule_for_this_machine
 
 
 @dataclasses.dataclass
@@ -74,12 +75,14 @@ def settings_of(cfg) -> RealformerSettings:
     return settings
 
 
-def build_residual_attention(layer, embed_dim, num_heads, cfg, chain_layers: int, **kwargs):
-    """The residual attention module of the settings' route, with the arguments fairseq
-    0.12.3's layers give their ``MultiheadAttention`` (dropout, quant noise): a
-    :class:`RealformerMultiheadAttention` for ``--residual-attention-impl eager``, a
-    :class:`ConcatRealformerMultiheadAttention` for ``concat`` and ``auto`` (``chain_layers``,
-    the number of layers of the chain, is ``auto``'s depth)."""
+def build_residual_attention(layer, embed_dim, num_heads, cfg, chain: str, **kwargs):
+    """The residual attention module of ``chain`` (``"encoder"``, ``"decoder"`` or
+    ``"cross"``) for the settings' route, with the arguments fairseq 0.12.3's layers give their
+    ``MultiheadAttention`` (dropout, quant noise): a :class:`RealformerMultiheadAttention` for
+    ``--residual-attention-impl eager``, a :class:`ConcatRealformerMultiheadAttention` for
+    ``concat``; for ``auto``, the concat module with its measured rule where
+    :func:`~realformer_fairseq.modules.route_rules.rule_for_this_machine` has one for this
+    chain on this machine's GPU, the eager module everywhere else."""
     settings = settings_of(cfg)
     fairseq_kwargs = dict(
         dropout=cfg.attention_dropout,
@@ -87,7 +90,8 @@ def build_residual_attention(layer, embed_dim, num_heads, cfg, chain_layers: int
         qn_block_size=layer.quant_noise_block_size,
         **kwargs,
     )
-    if settings.residual_attention_impl == "eager":
+    route = built_route(settings.residual_attention_impl, chain)
+    if route == "eager":
         return RealformerMultiheadAttention(
             embed_dim,
             num_heads,
@@ -98,8 +102,8 @@ def build_residual_attention(layer, embed_dim, num_heads, cfg, chain_layers: int
         embed_dim,
         num_heads,
         residual_attention_mode=settings.residual_attention_mode,
-        residual_attention_impl=settings.residual_attention_impl,
-        chain_layers=chain_layers,
+        residual_attention_impl=route,
+        rule=rule_for_this_machine(chain) if route == "auto" else None,
         **fairseq_kwargs,
     )
 
@@ -140,7 +144,7 @@ class RealformerEncoderLayer(FeedForwardSublayer, TransformerEncoderLayer):
         if not settings_of(cfg).residual("encoder"):
             return super().build_self_attention(embed_dim, cfg)
         return build_residual_attention(
-            self, embed_dim, cfg.encoder.attention_heads, cfg, cfg.encoder.layers,
+            self, embed_dim, cfg.encoder.attention_heads, cfg, "encoder",
             self_attention=True,
         )  # fmt: skip
 
@@ -264,7 +268,7 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
             embed_dim,
             cfg.decoder.attention_heads,
             cfg,
-            cfg.decoder.layers,
+            "decoder",
             add_bias_kv=add_bias_kv,
             add_zero_attn=add_zero_attn,
             self_attention=True,
@@ -278,7 +282,7 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
             embed_dim,
             cfg.decoder.attention_heads,
             cfg,
-            cfg.decoder.layers,
+            "cross",
             kdim=cfg.encoder.embed_dim,
             vdim=cfg.encoder.embed_dim,
             encoder_decoder_attention=True,

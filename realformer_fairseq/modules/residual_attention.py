@@ -22,13 +22,21 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from ..settings import RESIDUAL_ATTENTION_MODES
+from .route_rules import ConcatRule
 
 logger = logging.getLogger(__name__)
 
-# Large negative but finite: masked entries still get exactly zero probability,
-# while a row whose keys are all masked (a fully padded sequence) softmaxes to a
-# uniform row instead of NaN, and its gradient stays finite.
-_MASK_VALUE = torch.finfo(torch.float32).min
+# The fill of masked logits, on both routes and every kernel (float32, float64, bfloat16):
+# large negative but finite, so masked entries get exactly zero probability, while a row whose
+# keys are all masked (a fully padded sequence) softmaxes to a uniform row (the mean of the
+# values) instead of NaN, with finite gradients. Not torch.finfo(float32).min: PyTorch's fused
+# CUDA kernels (memory-efficient, cuDNN) scale the masked logits by log2(e) inside, which turns
+# finfo.min into -inf, and a fully masked row into -inf - (-inf) (the concat route then
+# returned zeros for fully padded sequences on an H200, issue 35). 1e30 is far above any score
+# (a 60-layer sum stays below 1e6, absorbed: ulp(1e30) is 7.6e22) and far below overflow.
+# fp16 cannot hold it: the concat route's fp16 fill is finfo(float16).min, whose rows it
+# handles itself (see ConcatRealformerMultiheadAttention).
+_MASK_VALUE = -1e30
 
 
 class RealformerMultiheadAttention(MultiheadAttention):
@@ -315,6 +323,9 @@ class RealformerMultiheadAttention(MultiheadAttention):
         return self.out_proj(attn)
 
 
+# the reasons an explicit concat route could not fuse, already said at WARNING in this process
+_WARNED = set()
+
 # torch's SDPBackend numbering, as torch._fused_sdp_choice returns it
 _SDPA_KERNELS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
 
@@ -329,7 +340,9 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
     ``F.scaled_dot_product_attention(cat(Q_0..Q_l), cat(K_0..K_l), V_l, scale=1 [/(l+1)])``,
     which runs in PyTorch's fused kernels and never forms a ``T x T`` tensor. Its ``q k``
     part is ``l + 1`` times wider than one layer's, so it pays at long lengths and shallow
-    depth; ``residual_attention_impl="auto"`` decides by :meth:`concat_pays`.
+    depth; with ``residual_attention_impl="auto"`` the layers a measured rule names run fused
+    (:mod:`~realformer_fairseq.modules.route_rules`; ``auto`` builds this class only on a
+    machine such a rule matches, the plain eager module elsewhere).
 
     A chain is in one of two phases, carried from layer to layer by what ``forward`` returns:
 
@@ -345,11 +358,14 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
       is the stream, the queries and keys are None.
 
     Every switch of kernel is logged at debug level (``realformer_fairseq.modules.
-    residual_attention``), with the reason. Masks are additive float masks with the eager
-    route's finite fill, so a row whose keys are all masked is uniform, as in the eager route
-    (for fp16, whose fill does not absorb the scores, such rows are set to the mean of the
-    values). With attention dropout on CUDA the fused kernel draws its own dropout mask (the
-    same distribution as the eager route's, not the same draw).
+    residual_attention``), with the reason; with an explicit ``concat``, a reason that keeps
+    a call from fusing is also logged once per process at WARNING. Masks are additive float
+    masks with the eager route's finite fill. A row whose keys are all masked (a fully padded
+    sequence) yields the mean of the values, as in the eager route, on every kernel: the
+    module sets such rows itself after the fused call (in fp16, whose fill cannot absorb the
+    scores, the kernel alone would give the softmax of the scores; a kernel that treats a fill
+    as -inf would give zeros). With attention dropout on CUDA the fused kernel draws its own
+    dropout mask (the same distribution as the eager route's, not the same draw).
     """
 
     def __init__(
@@ -357,8 +373,8 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
         embed_dim,
         num_heads,
         residual_attention_mode: str,
-        residual_attention_impl: str = "auto",
-        chain_layers: int = 1,
+        residual_attention_impl: str = "concat",
+        rule: Optional[ConcatRule] = None,
         **kwargs,
     ):
         if residual_attention_impl not in ("concat", "auto"):
@@ -366,11 +382,19 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
                 "ConcatRealformerMultiheadAttention computes the 'concat' and 'auto' routes, "
                 f"got {residual_attention_impl!r} (the eager route is RealformerMultiheadAttention)"
             )
+        if (residual_attention_impl == "auto") != (rule is not None):
+            raise ValueError("the auto route needs its measured rule, the concat route none")
         super().__init__(embed_dim, num_heads, residual_attention_mode, **kwargs)
         self.residual_attention_impl = residual_attention_impl
-        self.chain_layers = chain_layers  # layers in this module's chain, for auto's rule
         self.fp16_mask_value = float(torch.finfo(torch.float16).min)
-        self.bf16_mask_value = float(torch.finfo(torch.bfloat16).min)
+        # auto's rule (route_rules.ConcatRule) as plain attributes, for TorchScript: the
+        # first ``auto_depth`` layers of the chain run fused on CUDA in the measured dtypes,
+        # on keys at least ``auto_min_length`` long
+        self.auto_depth = rule.depth if rule is not None else 0
+        self.auto_min_length = rule.min_length if rule is not None else 0
+        self.auto_fp16 = rule is not None and torch.float16 in rule.dtypes
+        self.auto_bf16 = rule is not None and torch.bfloat16 in rule.dtypes
+        self.auto_float32 = rule is not None and torch.float32 in rule.dtypes
         # the last kernel logged, in a list for the same reason as _calls
         self._last_kernel = [""]
 
@@ -424,13 +448,11 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
         if self.training or self.dropout_module.apply_during_inference:
             dropout_p = self.dropout_module.p
         reason = self._why_not_fused(
-            q, bsz, kv_bsz, tgt_len, src_len, layer_idx, need_weights, attn_mask, dropout_p
+            q, bsz, kv_bsz, src_len, layer_idx, need_weights, attn_mask, dropout_p
         )
         fill = self.mask_value
         if q.dtype == torch.float16:
             fill = self.fp16_mask_value
-        elif q.dtype == torch.bfloat16:
-            fill = self.bf16_mask_value
         kernel = -1
         mask: Optional[Tensor] = None
         q4, k4, v4 = queries, keys, v
@@ -466,44 +488,41 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
         )
         head_dim = v.size(-1)
         out = out[..., out.size(-1) - head_dim :]
-        if mask is not None and fill > -1e30:
-            # fp16: the fill does not absorb the scores, so rows whose keys are all masked
-            # are set to the eager route's uniform average of the values
-            fully_masked = (mask <= fill).all(dim=-1, keepdim=True)
-            out = torch.where(fully_masked, v4[..., v4.size(-1) - head_dim :].mean(-2, True), out)
+        if mask is not None:
+            out = self._fully_masked_rows_as_eager(
+                out, mask, fill, v4[..., v4.size(-1) - head_dim :]
+            )
         attn = self._heads_back(out, bsz, kv_bsz, tgt_len)
         return self._merge_heads(attn, tgt_len, bsz), None, None, queries, keys
 
-    def concat_pays(self, layer_idx: int, tgt_len: int, src_len: int, q: Tensor) -> bool:
-        """``auto``'s rule: does layer ``layer_idx`` run fused? Yes for the first
-        :meth:`concat_depth` layers of the chain."""
-        return layer_idx < self.concat_depth(tgt_len, src_len, q)
+    def _fully_masked_rows_as_eager(
+        self, out: Tensor, mask: Tensor, fill: float, v4: Tensor
+    ) -> Tensor:
+        """Rows whose keys are all masked get the eager route's result, the uniform average of
+        the values ``v4`` ``(batch, heads, src_len, head_dim)``, whatever the kernel made of
+        them (see the class docstring); ``out`` is ``(batch, heads, tgt_len, head_dim)``."""
+        fully_masked = (mask <= fill).all(dim=-1, keepdim=True)
+        return torch.where(fully_masked, v4.mean(-2, True), out)
 
-    def concat_depth(self, tgt_len: int, src_len: int, q: Tensor) -> int:
-        """How many first layers of this chain ``auto`` runs fused (0: the eager route).
-
-        Measured (docs/benchmarks.md, "Routes of the residual score chains"): on this
-        project's CPU (float32, one thread, training) the concat route was slower than the
-        eager route in every model measured, at every length, depth and head size tried:
-        6L-6L d256 translation at 128/512/1024 tokens (0.76/0.69/0.68 x the eager route's
-        words/s), 6L-6L d512 and 60L-12L at 32 tokens, a 12-layer encoder and a 6-layer LM at
-        128/512/1024. Chains of attention alone (``python -m studies.concat_rule``) win only
-        at 4 layers or fewer from ~1024 tokens (head size 64), and lose at 6 and 12 layers
-        once the machine is quiet: the CPU flash kernel's backward over ``(l + 1) * head_dim``
-        wide heads costs more than the eager route's passes over the stream. Attention dropout
-        on CPU rules the fused kernels out anyway. GPUs and half precision are not measured
-        (``studies/gpu_check.py`` part 4 measures the switch depth there). So ``auto`` runs
-        eager everywhere until a measurement shows a depth that pays; the argument list is
-        what such a rule reads.
-        """
-        return 0
+    def auto_runs_fused(self, layer_idx: int, src_len: int, q: Tensor) -> bool:
+        """``auto``'s measured rule (:mod:`~realformer_fairseq.modules.route_rules`): layer
+        ``layer_idx`` runs fused on CUDA, in a measured dtype, on keys at least
+        ``auto_min_length`` long, for the first ``auto_depth`` layers of the chain."""
+        if q.device.type != "cuda" or layer_idx >= self.auto_depth:
+            return False
+        if src_len < self.auto_min_length:
+            return False
+        if q.dtype == torch.float16:
+            return self.auto_fp16
+        if q.dtype == torch.bfloat16:
+            return self.auto_bf16
+        return q.dtype == torch.float32 and self.auto_float32
 
     def _why_not_fused(
         self,
         q: Tensor,
         bsz: int,
         kv_bsz: int,
-        tgt_len: int,
         src_len: int,
         layer_idx: int,
         need_weights: bool,
@@ -519,10 +538,10 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
             return "the attention mask needs a gradient"
         if attn_mask is not None and bsz != kv_bsz:
             return "an attention mask with keys shared by the beams"
-        if self.residual_attention_impl == "auto" and not self.concat_pays(
-            layer_idx, tgt_len, src_len, q
+        if self.residual_attention_impl == "auto" and not self.auto_runs_fused(
+            layer_idx, src_len, q
         ):
-            return "auto: the eager route is faster here"
+            return "auto: its measured rule runs the eager route here"
         return ""
 
     def _additive_mask(
@@ -537,8 +556,7 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
     ) -> Optional[Tensor]:
         """The eager route's masks as one additive mask in ``q``'s dtype, broadcastable to
         ``(kv_bsz, heads, tgt_len, src_len)``: the attention mask clamped at ``fill``, and
-        ``fill`` at padded keys (the eager route's finite ``torch.finfo(float32).min``;
-        the dtype's own for fp16/bf16)."""
+        ``fill`` at padded keys (the eager route's finite fill; fp16's own minimum in fp16)."""
         mask: Optional[Tensor] = None
         if attn_mask is not None:
             mask = attn_mask.to(q.dtype).clamp(min=fill).view(1, 1, tgt_len, src_len)
@@ -600,6 +618,12 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
             logger.debug(
                 "residual attention, %s route, layer %d of its chain: %s",
                 self.residual_attention_impl, layer_idx, what,
+            )  # fmt: skip
+        if reason and self.residual_attention_impl == "concat" and reason not in _WARNED:
+            _WARNED.add(reason)
+            logger.warning(
+                "--residual-attention-impl concat: runs the eager route where %s "
+                "(said once per process)", reason,
             )  # fmt: skip
 
     @property

@@ -1,0 +1,91 @@
+"""Where ``--residual-attention-impl auto`` runs the concat route: measured rules, as data.
+
+RealFormer (He et al. 2020, arXiv 2012.11747) adds each layer's raw scores to a running sum.
+The eager route materialises that sum, ``(bsz*heads, T, T)`` in float32; the concat route
+(:class:`~realformer_fairseq.modules.residual_attention.ConcatRealformerMultiheadAttention`)
+computes the same softmax input as one fused attention over the concatenated queries and keys
+of the chain, which is wider per layer but never forms a ``T x T`` tensor. Which one is faster
+depends on the device, the torch build, the dtype, the length and the depth, so ``auto`` runs
+the concat route only where a measurement on that device says it wins, and the eager route
+everywhere else, built as the plain :class:`RealformerMultiheadAttention` (no concat code on
+the path) wherever no rule matches the machine the model is built on.
+
+Each :class:`ConcatRule` names the device (CUDA compute capability and device name), the
+torch minor version and the dtypes it was measured with, the chains it applies to, and
+``min_length`` / ``depth``: on a batch whose keys are at least ``min_length`` long, the first
+``depth`` layers of a self-attention chain run fused and the rest eager (the switch-depth
+measurement of ``studies.concat_rule``: time of the first D layers fused, the rest eager,
+against all eager). Its ``source`` says which measurement. An unmeasured device, torch
+version or dtype runs eager.
+"""
+
+import dataclasses
+from typing import Optional, Tuple
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class ConcatRule:
+    """One measured rule of ``auto`` (see the module docstring)."""
+
+    device_name: str  # substring of torch.cuda.get_device_name()
+    capability: Tuple[int, int]  # torch.cuda.get_device_capability()
+    torch_version: str  # "major.minor" of the torch build measured
+    dtypes: Tuple[torch.dtype, ...]
+    chains: Tuple[str, ...]  # of settings.RESIDUAL_CHAINS
+    min_length: int
+    depth: int
+    source: str
+
+
+CONCAT_RULES: Tuple[ConcatRule, ...] = (
+    ConcatRule(
+        device_name="H200",
+        capability=(9, 0),
+        torch_version="2.11",
+        dtypes=(torch.float16, torch.bfloat16),
+        chains=("encoder", "decoder"),
+        min_length=512,
+        depth=4,
+        source=(
+            "studies/gpu_check.py part 4 on one NVIDIA H200, torch 2.11.0+cu130 "
+            "(issue 35, 2026-12-03; docs/benchmarks.md, 'The routes on an H200'): switch depth "
+            "D = 4 best at 2,048 tokens in every case (0.68-0.85 x all-eager time), D = 2-6 at "
+            "512 (0.93-0.97), no depth paying reliably at 128; 6L-6L d512, head size 64"
+        ),
+    ),
+)
+
+
+def torch_minor_version(version: Optional[str] = None) -> str:
+    """``"2.11.0+cu130"`` -> ``"2.11"`` (default: this process's torch)."""
+    version = torch.__version__ if version is None else version
+    return ".".join(version.split("+")[0].split(".")[:2])
+
+
+def rule_for_this_machine(chain: str) -> Optional[ConcatRule]:
+    """The rule of ``chain`` for the first CUDA device of this process, or None (then ``auto``
+    builds the eager route). Read once, when a model is built."""
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name(0)
+    capability = tuple(torch.cuda.get_device_capability(0))
+    for rule in CONCAT_RULES:
+        if (
+            chain in rule.chains
+            and rule.device_name in name
+            and rule.capability == capability
+            and rule.torch_version == torch_minor_version()
+        ):
+            return rule
+    return None
+
+
+def built_route(impl: str, chain: str) -> str:
+    """The route a residual ``chain``'s modules are built with for ``--residual-attention-impl
+    impl`` on this machine: ``"eager"`` (the plain module), ``"concat"``, or ``"auto"`` (the
+    concat module running its measured rule)."""
+    if impl == "auto" and rule_for_this_machine(chain) is None:
+        return "eager"
+    return impl

@@ -1,0 +1,211 @@
+#!/usr/bin/env python
+"""Do both routes of residual attention compute RealFormer's attention on every SDPA kernel?
+
+RealFormer (He et al., arXiv 2012.11747) layer l attends with ``softmax(S_l + mask)``, ``S_l``
+the running sum of the raw scores of layers 0..l (divided by l + 1 for the running mean). The
+eager route forms ``S_l``; the concat route computes the same softmax inside PyTorch's fused
+``scaled_dot_product_attention`` over the concatenated queries and keys of the chain, on
+whichever kernel SDPA picks (math, flash, memory-efficient, cuDNN). On an H200 the concat
+route once returned zeros for fully padded sequences on the memory-efficient and cuDNN kernels
+(issue 35): this check compares, per kernel and per sequence, against the eager route in
+float64 on CPU, and fails above a tolerance per dtype.
+
+Chains of 6 layers (running mean), in three shapes fairseq produces: decoder self-attention
+(causal mask), encoder self-attention (padding only) and cross-attention (queries shorter than
+the keys). Each batch holds four sequences: unpadded, right half padded, left half padded
+(with the causal mask its first rows see only padding) and fully padded. A row whose keys are
+all masked yields the mean of the values on both routes (docs/guarantees.md). For each SDPA
+kernel the concat route runs with only that kernel enabled (``torch.nn.attention.sdpa_kernel``);
+math stays enabled beside it, so that the route's own fall-backs work as they do unrestricted
+(it asks SDPA for a kernel, pads the values to the queries' width where a kernel needs one
+width, and runs eager where SDPA offers only math). The kernels that ran are reported; a kernel
+that serves none of the inputs on a device shows as the eager route.
+
+usage (from the repository root):
+    python -m studies.route_precision --device cuda        # exit 1 above a tolerance
+    python -m studies.route_precision                      # CPU: the float32 kernels of the CPU
+"""
+
+import argparse
+import json
+import sys
+from typing import Dict, List, Optional
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from realformer_fairseq.modules.residual_attention import (
+    ConcatRealformerMultiheadAttention,
+    RealformerMultiheadAttention,
+)
+
+# max |error| / max |float64 eager output|, per sequence, that a route may reach: about 10 x
+# the eager route's own error on an H200 (float32 5.0e-7, fp16 9.3e-4, bf16 7.1e-3 over the
+# whole batch, issue 35); a wrong row is off by the size of the outputs (0.5 or more).
+TOLERANCE = {"float32": 1e-4, "fp16": 1e-2, "bf16": 5e-2}
+DTYPES = {"float32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+KERNELS = {
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+SEQUENCES = ("unpadded", "right half padded", "left half padded", "fully padded")
+CASES = ("decoder self-attention (causal)", "encoder self-attention", "cross-attention")
+LAYERS, EMBED, HEADS = 6, 64, 4
+
+
+def padding_mask(length: int) -> torch.Tensor:
+    """(4, length): the four sequences of :data:`SEQUENCES`, True at padded keys."""
+    pad = torch.zeros(len(SEQUENCES), length, dtype=torch.bool)
+    pad[1, length // 2 :] = True
+    pad[2, : length // 2] = True
+    pad[3, :] = True
+    return pad
+
+
+def layer_of(route: str, case: str) -> RealformerMultiheadAttention:
+    kwargs = dict(residual_attention_mode="mean")
+    if case == "cross-attention":
+        kwargs.update(kdim=EMBED, vdim=EMBED, encoder_decoder_attention=True)
+    else:
+        kwargs.update(self_attention=True)
+    if route == "eager":
+        return RealformerMultiheadAttention(EMBED, HEADS, **kwargs)
+    return ConcatRealformerMultiheadAttention(
+        EMBED, HEADS, residual_attention_impl="concat", **kwargs
+    )
+
+
+def run_chain(layers, query, keys, attn_mask, padding) -> torch.Tensor:
+    """The chain's last output, each layer attending from the previous layer's output (self
+    attention) or from it to the fixed keys (cross-attention)."""
+    scores = queries = prev_keys = None
+    x = query
+    for idx, m in enumerate(layers):
+        extra = {}
+        if isinstance(m, ConcatRealformerMultiheadAttention):
+            extra = dict(prev_attn_queries=queries, prev_attn_keys=prev_keys)
+        kv = x if keys is None else keys
+        out = m(x, kv, kv, key_padding_mask=padding, attn_mask=attn_mask, need_weights=False,
+                prev_attn_scores=scores, layer_idx=idx, **extra)  # fmt: skip
+        x, scores = out[0], out[2]
+        if len(out) == 5:
+            queries, prev_keys = out[3], out[4]
+    return x
+
+
+def inputs(case: str, length: int):
+    """query (tgt, 4, EMBED), keys (src, 4, EMBED) or None, attn mask or None, padding, float64."""
+    gen = torch.Generator().manual_seed(1)
+    pad = padding_mask(length)
+    if case == "cross-attention":
+        tgt = length // 2 + 1
+        query = torch.randn(tgt, len(SEQUENCES), EMBED, generator=gen, dtype=torch.float64)
+        keys = torch.randn(length, len(SEQUENCES), EMBED, generator=gen, dtype=torch.float64)
+        return query, keys, None, pad
+    query = torch.randn(length, len(SEQUENCES), EMBED, generator=gen, dtype=torch.float64)
+    causal = None
+    if case.startswith("decoder"):
+        causal = torch.triu(torch.full((length, length), float("-inf"), dtype=torch.float64), 1)
+    return query, None, causal, pad
+
+
+def relative_errors(out: torch.Tensor, truth: torch.Tensor) -> Dict[str, float]:
+    """Per sequence (batch column): max |out - truth| / max |truth| (inf where not finite)."""
+    errors = {}
+    for b, name in enumerate(SEQUENCES):
+        got, want = out[:, b].double().cpu(), truth[:, b]
+        if not torch.isfinite(got).all():
+            errors[name] = float("inf")
+            continue
+        errors[name] = ((got - want).abs().max() / want.abs().max()).item()
+    return errors
+
+
+def check(device: str = "cpu", dtype_names: Optional[List[str]] = None, length: int = 16) -> Dict:
+    """Errors per dtype, route, kernel, case and sequence, the kernels that ran, and ``passed``
+    (every error finite and at most the dtype's tolerance)."""
+    report: Dict = {"device": device, "length": length, "tolerance": TOLERANCE, "dtypes": {}}
+    passed = True
+    for dtype_name in dtype_names or list(DTYPES):
+        dtype = DTYPES[dtype_name]
+        tol = TOLERANCE[dtype_name]
+        rows: Dict = {"eager": {}, "concat": {}}
+        for case in CASES:
+            torch.manual_seed(0)
+            reference = [layer_of("eager", case).double() for _ in range(LAYERS)]
+            query, keys, attn_mask, pad = inputs(case, length)
+            with torch.no_grad():
+                truth = run_chain(reference, query, keys, attn_mask, pad)
+
+            def on_device(route):
+                layers = []
+                for ref in reference:
+                    m = layer_of(route, case)
+                    m.load_state_dict(ref.state_dict())
+                    layers.append(m.to(device=device, dtype=dtype).eval())
+                args = [None if t is None else t.to(device) for t in (query, keys, attn_mask)]
+                args = [t if t is None else t.to(dtype) for t in args]
+                return layers, args
+
+            layers, (q, k, m) = on_device("eager")
+            with torch.no_grad():
+                errors = relative_errors(run_chain(layers, q, k, m, pad.to(device)), truth)
+            rows["eager"][case] = errors
+            passed &= all(e <= tol for e in errors.values())
+            for kernel, backend in KERNELS.items():
+                layers, (q, k, m) = on_device("concat")
+                entry = rows["concat"].setdefault(kernel, {})
+                with torch.no_grad(), sdpa_kernel(sorted({backend, SDPBackend.MATH}, key=int)):
+                    out = run_chain(layers, q, k, m, pad.to(device))
+                errors = relative_errors(out, truth)
+                ran = sorted({layer.last_kernel for layer in layers})
+                entry[case] = dict(errors, ran=ran)
+                passed &= all(e <= tol for e in errors.values())
+        report["dtypes"][dtype_name] = rows
+    report["passed"] = bool(passed)
+    return report
+
+
+def summary_lines(report: Dict) -> List[str]:
+    """One line per dtype, route and kernel: the largest error per sequence, and what ran."""
+    lines = []
+    for dtype_name, rows in report["dtypes"].items():
+        tol = report["tolerance"][dtype_name]
+        routes = [("eager", None, rows["eager"])] + [
+            ("concat", kernel, cases) for kernel, cases in rows["concat"].items()
+        ]
+        for route, kernel, cases in routes:
+            measured = cases
+            worst = {s: max(e[s] for e in measured.values()) for s in SEQUENCES}
+            bad = [s for s, e in worst.items() if not e <= tol]
+            ran = sorted({k for e in measured.values() for k in e.get("ran", ["eager route"])})
+            label = route if kernel is None else f"{route}, SDPA {kernel}"
+            lines.append(
+                f"{'FAIL' if bad else 'PASS'} precision {dtype_name} {label} (tolerance {tol:g}): "
+                + ", ".join(f"{s} {worst[s]:.1e}" for s in SEQUENCES)
+                + f"; ran: {'; '.join(ran)}"
+            )
+    return lines
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtypes", nargs="+", choices=list(DTYPES))
+    p.add_argument("--length", type=int, default=64)
+    p.add_argument("--json", help="write the report here")
+    args = p.parse_args(argv)
+    dtypes = args.dtypes or (list(DTYPES) if args.device != "cpu" else ["float32"])
+    report = check(args.device, dtypes, args.length)
+    for line in summary_lines(report):
+        print(line)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(report, fh, indent=1)
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
