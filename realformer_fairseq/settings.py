@@ -80,7 +80,7 @@ FLAGS = (
             "(no T x T tensor, falls back to eager where no fused kernel serves the call, with "
             "one warning); auto (the default) runs concat only where a measured rule for this "
             "machine's GPU says it wins (today: the first 4 layers of self-attention chains on "
-            "keys of 512+ tokens, fp16/bf16, NVIDIA H200 with torch 2.11) and builds the eager "
+            "keys of 2048+ tokens, fp16/bf16, NVIDIA H200 with torch 2.11) and builds the eager "
             "route everywhere else",
         ),
     ),

@@ -46,13 +46,16 @@ CONCAT_RULES: Tuple[ConcatRule, ...] = (
         torch_version="2.11",
         dtypes=(torch.float16, torch.bfloat16),
         chains=("encoder", "decoder"),
-        min_length=512,
+        min_length=2048,
         depth=4,
         source=(
-            "studies/gpu_check.py part 4 on one NVIDIA H200, torch 2.11.0+cu130 "
-            "(issue 35, 2026-12-03; docs/benchmarks.md, 'The routes on an H200'): switch depth "
-            "D = 4 best at 2,048 tokens in every case (0.68-0.85 x all-eager time), D = 2-6 at "
-            "512 (0.93-0.97), no depth paying reliably at 128; 6L-6L d512, head size 64"
+            "studies/gpu_check.py part 4, twice on one NVIDIA H200 with torch 2.11.0+cu130 "
+            "(2026-12-03 in issue 35, 2026-12-04 in docs/benchmarks/gpu_check_h200.json; "
+            "docs/benchmarks.md, 'The routes on an H200'): at 2,048 tokens the switch depth "
+            "D = 4 was best in all eight chains (fp16/bf16, 6 and 12 layers, head size 64; "
+            "0.68-0.88 x the all-eager time); at 512 no depth won reliably (0.93-0.97 in the "
+            "first run, 0.94-1.10 for D = 4 in the second), at 128 none; lengths between 512 "
+            "and 2,048 were not measured"
         ),
     ),
 )
