@@ -83,15 +83,12 @@ def run_chain(layers, query, keys, attn_mask, padding) -> torch.Tensor:
     scores = queries = prev_keys = None
     x = query
     for idx, m in enumerate(layers):
-        extra = {}
-        if isinstance(m, ConcatRealformerMultiheadAttention):
-            extra = dict(prev_attn_queries=queries, prev_attn_keys=prev_keys)
         kv = x if keys is None else keys
-        out = m(x, kv, kv, key_padding_mask=padding, attn_mask=attn_mask, need_weights=False,
-                prev_attn_scores=scores, layer_idx=idx, **extra)  # fmt: skip
-        x, scores = out[0], out[2]
-        if len(out) == 5:
-            queries, prev_keys = out[3], out[4]
+        x, _, scores, queries, prev_keys = m(
+            x, kv, kv, key_padding_mask=padding, attn_mask=attn_mask, need_weights=False,
+            prev_attn_scores=scores, layer_idx=idx, prev_attn_queries=queries,
+            prev_attn_keys=prev_keys,
+        )  # fmt: skip
     return x
 
 

@@ -177,16 +177,11 @@ def module_chain(impl, mode, n=3, embed=16, heads=4, dtype=torch.float64, dropou
 def run_chain(layers, x, **kwargs):
     """Outputs per layer and what the last layer hands on: (outputs, carried)."""
     outs, scores, queries, keys = [], None, None, None
-    for idx, layer in enumerate(layers):
-        if isinstance(layer, ConcatRealformerMultiheadAttention):
-            out, _, scores, queries, keys = layer(
-                x, x, x, prev_attn_scores=scores, layer_idx=idx,
-                prev_attn_queries=queries, prev_attn_keys=keys, need_weights=False, **kwargs,
-            )  # fmt: skip
-        else:
-            out, _, scores = layer(
-                x, x, x, prev_attn_scores=scores, layer_idx=idx, need_weights=False, **kwargs
-            )
+    for idx, layer in enumerate(layers):  # both routes: the same call, the same five values
+        out, _, scores, queries, keys = layer(
+            x, x, x, prev_attn_scores=scores, layer_idx=idx,
+            prev_attn_queries=queries, prev_attn_keys=keys, need_weights=False, **kwargs,
+        )  # fmt: skip
         outs.append(out)
         x = out
     return outs, (scores, queries, keys)
@@ -507,3 +502,20 @@ def test_layerdrop_leaves_a_dropped_layer_out_of_the_concatenation_as_out_of_the
     assert 0 < sum(ran) < 4  # some layers dropped, not all
     torch.testing.assert_close(outs[1], outs[0], **EXACT)
     assert_grads_equal(eager, concat)
+
+
+def test_both_routes_take_and_return_the_same_values():
+    """One call site per attention in the layers: the eager and the concat module take the
+    same arguments and return the same five values (the eager route's queries and keys None)."""
+    import inspect
+
+    assert inspect.signature(RealformerMultiheadAttention.forward) == inspect.signature(
+        ConcatRealformerMultiheadAttention.forward
+    )
+    torch.manual_seed(0)
+    eager = RealformerMultiheadAttention(8, 2, residual_attention_mode="sum", self_attention=True)
+    x = torch.randn(3, 2, 8)
+    out = eager(x, x, x, need_weights=False)
+    assert len(out) == 5 and out[2].shape == (2 * 2, 3, 3) and out[3] is None and out[4] is None
+    with pytest.raises(ValueError, match="carries no concatenated queries and keys"):
+        eager(x, x, x, prev_attn_queries=torch.zeros(4, 3, 4), prev_attn_keys=torch.zeros(4, 3, 4))

@@ -76,7 +76,7 @@ def test_attention_equals_fairseq_eager_path(kind, training, weights):
     torch.manual_seed(7)
     expected_out, expected_weights = fairseq_attn(query, key, value, **masks, **weights)
     torch.manual_seed(7)
-    out, attn_weights, scores = ours(query, key, value, **masks, **weights)
+    out, attn_weights, scores, _, _ = ours(query, key, value, **masks, **weights)
 
     assert torch.equal(out, expected_out)
     if weights.get("need_weights") is False:
@@ -149,7 +149,7 @@ def test_attention_incremental_steps_with_reordering_equal_fairseq(kind):
         expected_out, expected_weights = fairseq_attn(
             query, incremental_state=fairseq_state, need_head_weights=True, **call
         )
-        out, attn_weights, scores = ours(
+        out, attn_weights, scores, _, _ = ours(
             query, incremental_state=our_state, need_head_weights=True, **call
         )
         assert torch.equal(out, expected_out), f"step {step}"

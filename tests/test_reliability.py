@@ -276,7 +276,7 @@ def test_chain_with_different_head_counts_is_refused():
     two = RealformerMultiheadAttention(16, 2, residual_attention_mode="sum", self_attention=True)
     four = RealformerMultiheadAttention(16, 4, residual_attention_mode="sum", self_attention=True)
     x = torch.randn(5, 3, 16)  # (seq_len, bsz, embed_dim)
-    _, _, scores = two(x, x, x, prev_attn_scores=None, layer_idx=0)  # (3*2, 5, 5)
+    _, _, scores, _, _ = two(x, x, x, prev_attn_scores=None, layer_idx=0)  # (3*2, 5, 5)
     with pytest.raises(ValueError, match="residual attention chain mismatch"):
         four(x, x, x, prev_attn_scores=scores, layer_idx=1)
 
@@ -365,7 +365,7 @@ def test_half_precision_stream_is_accumulated_in_float32():
     x = torch.ones(4, 1, embed_dim, dtype=torch.float16, requires_grad=True)  # (T, B, C)
     scores = None
     for idx, layer in enumerate(layers):
-        out, _, scores = layer(x, x, x, prev_attn_scores=scores, layer_idx=idx)
+        out, _, scores, _, _ = layer(x, x, x, prev_attn_scores=scores, layer_idx=idx)
         assert out.dtype == torch.float16 and torch.isfinite(out).all()
     assert scores.dtype == torch.float32
     assert torch.isfinite(scores).all()

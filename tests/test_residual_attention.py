@@ -198,9 +198,9 @@ def test_gradient_flows_through_the_stream():
 
     def layer1_score_grad(loss_weight):
         layer1.zero_grad()
-        _, _, scores1 = layer1(x, x, x)
+        _, _, scores1, _, _ = layer1(x, x, x)
         scores1.retain_grad()
-        out2, _, _ = layer2(x, x, x, prev_attn_scores=scores1, layer_idx=1)
+        out2, _, _, _, _ = layer2(x, x, x, prev_attn_scores=scores1, layer_idx=1)
         (out2 * loss_weight).sum().backward()
         return scores1.grad.clone(), layer1.q_proj.weight.grad.clone()
 
@@ -235,7 +235,7 @@ def test_gradients_match_the_formula_written_out(mode):
     def module_loss():
         h, scores, loss = x, None, 0.0
         for idx, layer in enumerate(layers):
-            h, _, scores = layer(
+            h, _, scores, _, _ = layer(
                 h, h, h, key_padding_mask=pad, attn_mask=causal,
                 prev_attn_scores=scores, layer_idx=idx,
             )  # fmt: skip
@@ -280,7 +280,7 @@ def test_half_precision_deep_stack_keeps_a_finite_float32_stream(dtype):
     pad[1, :4] = True
     scores = None
     for idx, layer in enumerate(layers):
-        out, _, scores = layer(
+        out, _, scores, _, _ = layer(
             x, x, x, key_padding_mask=pad, prev_attn_scores=scores, layer_idx=idx
         )
         assert out.dtype == dtype and torch.isfinite(out).all()

@@ -126,17 +126,80 @@ class FeedForwardSublayer:
         return x
 
 
-class RealformerEncoderLayer(FeedForwardSublayer, TransformerEncoderLayer):
+class SelfAttentionSublayer:
+    """The self-attention block of fairseq 0.12.3's encoder and decoder layers ([pre-LN] ->
+    self-attention -> dropout -> residual -> [post-LN]) with the layer's ADMIN residual and,
+    where the chain is residual, the chain's carried values in and out: one call site for
+    either route (:class:`RealformerMultiheadAttention` and
+    :class:`ConcatRealformerMultiheadAttention` take and return the same values), fairseq's
+    own module where the chain is off.
+
+    A chain's carried values stay three explicit tensors (the stream ``attn_scores``, or the
+    concat route's ``attn_queries`` / ``attn_keys``), not one structure, at the layers'
+    boundary: fairseq's ``checkpoint_wrapper`` (``--checkpoint-activations``) and FSDP
+    track the gradients of the tensors a layer takes and returns, not of tensors inside
+    other objects."""
+
+    def self_attention_sublayer(
+        self,
+        x: Tensor,
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+        prev_attn_scores: Optional[Tensor],
+        prev_attn_queries: Optional[Tensor],
+        prev_attn_keys: Optional[Tensor],
+        layer_idx: int,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        """``(x, attn_scores, attn_queries, attn_keys)``; the three are None where the chain
+        is off."""
+        residual = x
+        if self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, src_len)
+        attn_queries: Optional[Tensor] = None  # (bsz*heads, tgt_len, (l+1)*head_dim)
+        attn_keys: Optional[Tensor] = None  # (bsz*heads, src_len, (l+1)*head_dim)
+        if self.residual_self_attention:
+            x, _, attn_scores, attn_queries, attn_keys = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=key_padding_mask,
+                incremental_state=incremental_state,
+                need_weights=False,
+                attn_mask=attn_mask,
+                prev_attn_scores=prev_attn_scores,
+                layer_idx=layer_idx,
+                prev_attn_queries=prev_attn_queries,
+                prev_attn_keys=prev_attn_keys,
+            )
+        else:
+            x, _ = self.self_attn(
+                query=x,
+                key=x,
+                value=x,
+                key_padding_mask=key_padding_mask,
+                incremental_state=incremental_state,
+                need_weights=False,
+                attn_mask=attn_mask,
+            )
+        x = self.dropout_module(x)
+        x = self.self_attn_residual(x, residual)
+        if not self.normalize_before:
+            x = self.self_attn_layer_norm(x)
+        return x, attn_scores, attn_queries, attn_keys
+
+
+class RealformerEncoderLayer(SelfAttentionSublayer, FeedForwardSublayer, TransformerEncoderLayer):
     """fairseq's :class:`TransformerEncoderLayer` with a residual self-attention chain
     (``"encoder"``) and ADMIN residuals."""
 
-    __constants__ = ["residual_self_attention", "concat_self_attention"]
+    __constants__ = ["residual_self_attention"]
 
     def __init__(self, cfg: RealformerTransformerConfig):
         settings = settings_of(cfg)
         super().__init__(cfg)
         self.residual_self_attention = isinstance(self.self_attn, RealformerMultiheadAttention)
-        self.concat_self_attention = isinstance(self.self_attn, ConcatRealformerMultiheadAttention)
         self.self_attn_residual = AdminResidual(self.embed_dim, settings.admin, chain="encoder")
         self.ffn_residual = AdminResidual(self.embed_dim, settings.admin, chain="encoder")
 
@@ -175,62 +238,18 @@ class RealformerEncoderLayer(FeedForwardSublayer, TransformerEncoderLayer):
             attn_mask = attn_mask.masked_fill(
                 attn_mask.to(torch.bool), -1e8 if x.dtype == torch.float32 else -1e4
             )
-        residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        attn_scores: Optional[Tensor] = None  # (bsz*heads, seq_len, seq_len)
-        attn_queries: Optional[Tensor] = None  # (bsz*heads, seq_len, (l+1)*head_dim)
-        attn_keys: Optional[Tensor] = None
-        if self.concat_self_attention:
-            x, _, attn_scores, attn_queries, attn_keys = self.self_attn(
-                query=x,
-                key=x,
-                value=x,
-                key_padding_mask=encoder_padding_mask,
-                need_weights=False,
-                attn_mask=attn_mask,
-                prev_attn_scores=prev_attn_scores,
-                layer_idx=layer_idx,
-                prev_attn_queries=prev_attn_queries,
-                prev_attn_keys=prev_attn_keys,
-            )
-        elif self.residual_self_attention:
-            x, _, attn_scores = self.self_attn(
-                query=x,
-                key=x,
-                value=x,
-                key_padding_mask=encoder_padding_mask,
-                need_weights=False,
-                attn_mask=attn_mask,
-                prev_attn_scores=prev_attn_scores,
-                layer_idx=layer_idx,
-            )
-        else:
-            x, _ = self.self_attn(
-                query=x,
-                key=x,
-                value=x,
-                key_padding_mask=encoder_padding_mask,
-                need_weights=False,
-                attn_mask=attn_mask,
-            )
-        x = self.dropout_module(x)
-        x = self.self_attn_residual(x, residual)
-        if not self.normalize_before:
-            x = self.self_attn_layer_norm(x)
+        x, attn_scores, attn_queries, attn_keys = self.self_attention_sublayer(
+            x, encoder_padding_mask, attn_mask, None, prev_attn_scores, prev_attn_queries,
+            prev_attn_keys, layer_idx,
+        )  # fmt: skip
         return self.feed_forward_sublayer(x), attn_scores, attn_queries, attn_keys
 
 
-class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
+class RealformerDecoderLayer(SelfAttentionSublayer, FeedForwardSublayer, TransformerDecoderLayer):
     """fairseq's :class:`TransformerDecoderLayer` with residual self-attention
     (``"decoder"``) and cross-attention (``"cross"``) chains and ADMIN residuals."""
 
-    __constants__ = [
-        "residual_self_attention",
-        "residual_cross_attention",
-        "concat_self_attention",
-        "concat_cross_attention",
-    ]
+    __constants__ = ["residual_self_attention", "residual_cross_attention"]
 
     def __init__(
         self,
@@ -248,10 +267,6 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
         )
         self.residual_self_attention = isinstance(self.self_attn, RealformerMultiheadAttention)
         self.residual_cross_attention = isinstance(self.encoder_attn, RealformerMultiheadAttention)
-        self.concat_self_attention = isinstance(self.self_attn, ConcatRealformerMultiheadAttention)
-        self.concat_cross_attention = isinstance(
-            self.encoder_attn, ConcatRealformerMultiheadAttention
-        )
         self.self_attn_residual = AdminResidual(self.embed_dim, settings.admin, chain="decoder")
         self.encoder_attn_residual = (
             AdminResidual(self.embed_dim, settings.admin, chain="decoder")
@@ -334,54 +349,10 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
         """
         if need_head_weights:
             need_attn = True
-
-        residual = x
-        if self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-        self_attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, tgt_len)
-        self_attn_queries: Optional[Tensor] = None
-        self_attn_keys: Optional[Tensor] = None
-        if self.concat_self_attention:
-            x, _, self_attn_scores, self_attn_queries, self_attn_keys = self.self_attn(
-                query=x,
-                key=x,
-                value=x,
-                key_padding_mask=self_attn_padding_mask,
-                incremental_state=incremental_state,
-                need_weights=False,
-                attn_mask=self_attn_mask,
-                prev_attn_scores=prev_self_attn_scores,
-                layer_idx=layer_idx,
-                prev_attn_queries=prev_self_attn_queries,
-                prev_attn_keys=prev_self_attn_keys,
-            )
-        elif self.residual_self_attention:
-            x, _, self_attn_scores = self.self_attn(
-                query=x,
-                key=x,
-                value=x,
-                key_padding_mask=self_attn_padding_mask,
-                incremental_state=incremental_state,
-                need_weights=False,
-                attn_mask=self_attn_mask,
-                prev_attn_scores=prev_self_attn_scores,
-                layer_idx=layer_idx,
-            )
-        else:
-            x, _ = self.self_attn(
-                query=x,
-                key=x,
-                value=x,
-                key_padding_mask=self_attn_padding_mask,
-                incremental_state=incremental_state,
-                need_weights=False,
-                attn_mask=self_attn_mask,
-            )
-        x = self.dropout_module(x)
-        x = self.self_attn_residual(x, residual)
-        if not self.normalize_before:
-            x = self.self_attn_layer_norm(x)
-
+        x, self_attn_scores, self_attn_queries, self_attn_keys = self.self_attention_sublayer(
+            x, self_attn_padding_mask, self_attn_mask, incremental_state, prev_self_attn_scores,
+            prev_self_attn_queries, prev_self_attn_keys, layer_idx,
+        )  # fmt: skip
         attn: Optional[Tensor] = None
         cross_attn_scores: Optional[Tensor] = None  # (bsz*heads, tgt_len, src_len)
         cross_attn_queries: Optional[Tensor] = None
@@ -392,14 +363,8 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
                 assert self.encoder_attn_layer_norm is not None
                 x = self.encoder_attn_layer_norm(x)
             need_weights = need_attn or (not self.training and self.need_attn)
-            if self.concat_cross_attention:
-                (
-                    x,
-                    attn,
-                    cross_attn_scores,
-                    cross_attn_queries,
-                    cross_attn_keys,
-                ) = self.encoder_attn(
+            if self.residual_cross_attention:
+                x, attn, cross_attn_scores, cross_attn_queries, cross_attn_keys = self.encoder_attn(
                     query=x,
                     key=encoder_out,
                     value=encoder_out,
@@ -412,19 +377,6 @@ class RealformerDecoderLayer(FeedForwardSublayer, TransformerDecoderLayer):
                     layer_idx=layer_idx,
                     prev_attn_queries=prev_cross_attn_queries,
                     prev_attn_keys=prev_cross_attn_keys,
-                )
-            elif self.residual_cross_attention:
-                x, attn, cross_attn_scores = self.encoder_attn(
-                    query=x,
-                    key=encoder_out,
-                    value=encoder_out,
-                    key_padding_mask=encoder_padding_mask,
-                    incremental_state=incremental_state,
-                    static_kv=True,
-                    need_weights=need_weights,
-                    need_head_weights=need_head_weights,
-                    prev_attn_scores=prev_cross_attn_scores,
-                    layer_idx=layer_idx,
                 )
             else:
                 x, attn = self.encoder_attn(

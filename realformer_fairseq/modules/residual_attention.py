@@ -45,7 +45,10 @@ class RealformerMultiheadAttention(MultiheadAttention):
     ``forward`` takes ``prev_attn_scores`` (the previous layer's stream,
     ``(bsz * num_heads, tgt_len, src_len)`` float32, or ``None`` for the first
     layer of a chain) and ``layer_idx`` (position in the chain, for the running
-    mean) and returns ``(attn, attn_weights, attn_scores)``.
+    mean) and returns ``(attn, attn_weights, attn_scores, attn_queries, attn_keys)``:
+    the same call and the same five values as :class:`ConcatRealformerMultiheadAttention`,
+    so that a layer calls either route at one call site; this route carries no queries and
+    keys (``prev_attn_queries`` / ``prev_attn_keys`` must be None, and are returned None).
 
     fairseq's forward hands every call without incremental state (all of
     training) to ``F.multi_head_attention_forward``, which never exposes the
@@ -103,13 +106,18 @@ class RealformerMultiheadAttention(MultiheadAttention):
         need_head_weights: bool = False,
         prev_attn_scores: Optional[Tensor] = None,
         layer_idx: int = 0,
-    ) -> Tuple[Tensor, Optional[Tensor], Tensor]:
+        prev_attn_queries: Optional[Tensor] = None,
+        prev_attn_keys: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
         """Input shape: Time x Batch x Channel (as fairseq).
 
         Returns ``attn`` (tgt_len, bsz, embed_dim), the attention weights as
-        fairseq returns them (or ``None``) and ``attn_scores``, the float32
-        running sum of raw scores ``(bsz * num_heads, tgt_len, src_len)``.
+        fairseq returns them (or ``None``), ``attn_scores``, the float32
+        running sum of raw scores ``(bsz * num_heads, tgt_len, src_len)``, and None, None
+        (the concat route's queries and keys, which this route never carries).
         """
+        if prev_attn_queries is not None or prev_attn_keys is not None:
+            raise ValueError("the eager route carries no concatenated queries and keys")
         if before_softmax:
             raise ValueError("use the returned attn_scores instead of before_softmax")
         if need_head_weights:
@@ -127,7 +135,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
             attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
             need_weights, need_head_weights,
         )  # fmt: skip
-        return attn, attn_weights, attn_scores
+        return attn, attn_weights, attn_scores, None, None
 
     def _project_heads(
         self,
