@@ -205,6 +205,55 @@ def test_every_spelling_retains_what_fairseq_retains(arch, spelling):
     assert retained_modules(model) == FAIRSEQ_RETAINS[spelling]
 
 
+# the other families beside fairseq's models of the same kind, at the same size
+FAMILIES = {
+    "language model": ("language_modeling", "transformer_lm", "realformer_lm", "decoder"),
+    "encoder-only": ("masked_lm", "roberta", "realformer_roberta", "encoder"),
+}
+
+
+def build_family_model(task_name: str, arch: str, side: str, value):
+    """``arch`` parsed by fairseq-train's parser (2 layers, 32 wide) and built by its task,
+    then prepared for inference with ``--retain-dropout-modules value``."""
+    from fairseq import options
+    from fairseq.tasks.language_modeling import LanguageModelingConfig, LanguageModelingTask
+    from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
+
+    dictionary = toy_dictionary()
+    if task_name == "masked_lm":
+        dictionary.add_symbol("<mask>")
+        task = MaskedLMTask(MaskedLMConfig(tokens_per_sample=16), dictionary)
+    else:
+        task = LanguageModelingTask(
+            LanguageModelingConfig(tokens_per_sample=16), dictionary, dictionary
+        )
+    argv = ["/unused", "--user-dir", USER_DIR, "--task", task_name, "--arch", arch]
+    for key, size in (("layers", 2), ("embed-dim", 32), ("ffn-embed-dim", 64)):
+        argv += [f"--{side}-{key}", str(size)]
+    argv += [f"--{side}-attention-heads", "2", "--tokens-per-sample", "16", "--dropout", "0.3"]
+    args = options.parse_args_and_arch(options.get_training_parser(), argv)
+    model = task.build_model(args)
+    args.retain_dropout, args.retain_dropout_modules = True, value
+    model.prepare_for_inference_(convert_namespace_to_omegaconf(args))
+    return model
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_the_other_families_retain_what_fairseqs_model_of_their_kind_retains(family):
+    """One command-line text that selects layers and attention by name and, being inside the
+    layers' names, the stack's own dropout too."""
+    value = "['TransformerEncoderLayerBase','TransformerDecoderLayerBase','MultiheadAttention']"
+    task_name, fairseq_arch, plugin_arch, side = FAMILIES[family]
+    fairseqs = build_family_model(task_name, fairseq_arch, side, value)
+    ours = build_family_model(task_name, plugin_arch, side, value)
+    assert retained_modules(ours) == retained_modules(fairseqs)
+    stack = "encoder.sentence_encoder" if side == "encoder" else "decoder"
+    assert retained_modules(ours) == {
+        stack, f"{stack}.layers.0", f"{stack}.layers.1",
+        f"{stack}.layers.0.self_attn", f"{stack}.layers.1.self_attn",
+    }  # fmt: skip
+
+
 def test_the_command_line_hands_the_model_a_string():
     """Why the spellings above are strings: fairseq-generate's parser and config keep the
     value as typed (GenerationConfig.retain_dropout_modules is ``Any``)."""
