@@ -375,22 +375,13 @@ class RealformerRobertaModel(
 
 
 _BERT_KEY = "realformer_bert_options"
-# what changes the numbers a checkpoint computes without changing its parameter shapes
-BERT_COMPUTATION_KEYS = (
-    "layernorm_eps",
-    "activation_fn",
-    "pooler_activation_fn",
-    "residual_attention",
-    "residual_attention_mode",
-    "encoder_normalize_before",
-)
 
 
 def bert_computation(cfg: RealformerTransformerConfig) -> dict:
-    """The values of :data:`BERT_COMPUTATION_KEYS` of a built model, from the encoder's config
-    ``cfg`` (``model.encoder.args``): the plugin's flags from its settings (the settings
-    module's one reading; a config without them is an error), fairseq's from the config the
-    encoder was built with (LayerNorm epsilon ``None`` is fairseq's 1e-5)."""
+    """What changes the numbers a built model computes without changing its parameter shapes,
+    from the encoder's config ``cfg`` (``model.encoder.args``): the plugin's flags from its
+    settings (the settings module's one reading; a config without them is an error), fairseq's
+    from the config the encoder was built with (LayerNorm epsilon ``None`` is fairseq's 1e-5)."""
     settings = settings_of(cfg)
     return {
         "layernorm_eps": 1e-5 if settings.layernorm_eps is None else settings.layernorm_eps,
