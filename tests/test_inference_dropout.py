@@ -408,9 +408,10 @@ def test_fairseq_generate_retains_the_dropout_fairseq_retains(
 
 
 def test_the_fairseq_generate_command_retains_dropout_on_the_plugins_model(tiny_checkpoints):
-    """The console script itself, in its own process, with the Python-list spelling as a
-    shell passes it: the dropouts fairseq's transformer keeps on, and the same sentence,
-    twice in the test set, gets two different scorings (dropout is on at inference)."""
+    """The console script itself, in its own process, given the Python-list spelling as one
+    argument (what a shell passes for the quoted text): the dropouts fairseq's transformer
+    keeps on, and the same sentence, twice in the test set, gets two different scorings
+    (dropout is on at inference)."""
     data_bin, checkpoints = tiny_checkpoints
     modules, expected = CLI_SPELLINGS["Python list"]
     output = generate(data_bin, checkpoints["realformer_tiny"], retain_dropout_args(modules, 1))
