@@ -38,6 +38,13 @@ setup(
         # --tensorboard-logdir: fairseq 0.12 writes with torch.utils.tensorboard, which needs
         # this package (without it fairseq only logs "tensorboard not found" and trains on)
         "tensorboard>=2.10",
+        # not for our logging (above): fairseq's task registry imports text_to_speech, which
+        # logs "Please install tensorboardX" at INFO during `import fairseq` in every command
+        # when it is missing, although TensorBoard logging works. The line fires before
+        # --user-dir loads the plugin, so no logging filter of ours could drop it; this 90 kB
+        # pure-Python wheel (numpy, packaging, protobuf: all here already) removes the cause
+        # and hides none of fairseq's messages
+        "tensorboardX>=2.6",
         # realformer-import-tf: BERT's WordPiece tokenisation (HuggingFace's maintained Rust
         # implementation) and the CRC32-C checks of TensorFlow checkpoint files
         "tokenizers>=0.13",

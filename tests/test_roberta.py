@@ -378,3 +378,96 @@ def test_build_model_without_arch_builds_as_fairseq_roberta():
     assert layers[1].self_attn.residual_attention_impl == "eager"
     shapes = {k: v.shape for k, v in ours.state_dict().items() if k != "admin_profiled"}
     assert shapes == {k: v.shape for k, v in theirs.state_dict().items()}
+
+
+# ---------------------------------------------------------------------------
+# the plugin's flags are read once, by the settings module, whatever the config type
+
+BERT_OPTION_FLAGS = {"layernorm_eps": 1e-12, "type_vocab_size": 2, "bert_pooler": True}
+# what a model with these options computes, written from the flags (record of load_state_dict)
+BERT_OPTION_RECORD = {
+    "layernorm_eps": 1e-12,
+    "activation_fn": "gelu_accurate",
+    "pooler_activation_fn": "tanh",  # fairseq's roberta default
+    "residual_attention": "encoder",
+    "residual_attention_mode": "sum",  # the realformer_bert_* default (the paper's BERT)
+    "encoder_normalize_before": False,
+}
+
+
+def masked_lm_task():
+    from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
+
+    dictionary = toy_dictionary()
+    dictionary.add_symbol("<mask>")
+    return MaskedLMTask(MaskedLMConfig(tokens_per_sample=16), dictionary)
+
+
+def build_bert(config_type: str, **flags):
+    """realformer_bert_tiny with ``flags`` built as fairseq-train builds it (its parser, an
+    argparse Namespace) or as fairseq-hydra-train does (a DictConfig naming the arch)."""
+    from fairseq import options
+    from omegaconf import OmegaConf
+
+    flags = {"activation_fn": "gelu_accurate", **flags}
+    if config_type == "argparse":
+        argv = ["/unused", "--user-dir", USER_DIR, "--task", "masked_lm", "--tokens-per-sample"]
+        argv += ["16"]  # the task's (the DictConfig's max_positions comes from the task)
+        argv += ["--arch", "realformer_bert_tiny"]
+        for key, value in flags.items():
+            option = "--" + key.replace("_", "-")
+            argv += [option] if value is True else [option, str(value)]
+        cfg = options.parse_args_and_arch(options.get_training_parser(), argv)
+    else:
+        cfg = OmegaConf.create({"_name": "realformer_bert_tiny", **flags})
+    torch.manual_seed(0)
+    return masked_lm_task().build_model(cfg)
+
+
+def bert_record(model):
+    return model.state_dict()._metadata[""]["realformer_bert_options"]
+
+
+def test_argparse_and_dictconfig_builds_give_the_same_bert_model():
+    built = {kind: build_bert(kind, **BERT_OPTION_FLAGS) for kind in ("argparse", "DictConfig")}
+    ours, hydra = built["argparse"], built["DictConfig"]
+    assert ours.encoder.args.realformer == hydra.encoder.args.realformer
+    assert ours.encoder.args.realformer.layernorm_eps == 1e-12
+    state, hydra_state = ours.state_dict(), hydra.state_dict()
+    assert list(state) == list(hydra_state)
+    assert all(torch.equal(state[k], hydra_state[k]) for k in state)
+    assert bert_record(ours) == bert_record(hydra) == BERT_OPTION_RECORD
+    assert ours.encoder.pooler is not None and hydra.encoder.pooler is not None
+    eps = {m.eps for m in ours.modules() if isinstance(m, torch.nn.LayerNorm)}
+    assert eps == {m.eps for m in hydra.modules() if isinstance(m, torch.nn.LayerNorm)} == {1e-12}
+
+
+def test_the_record_of_bert_options_comes_from_the_settings_not_the_config_object():
+    """The model's record of what it computes is read from the settings it was built with:
+    a model config that no longer holds a flag (``model.args`` is the caller's object)
+    changes nothing; a config that holds no settings at all is an error, not defaults."""
+    from realformer_fairseq.models.realformer_roberta import bert_computation
+
+    model = build_bert("argparse", **BERT_OPTION_FLAGS)
+    for key in ("layernorm_eps", "residual_attention", "residual_attention_mode"):
+        delattr(model.args, key)
+    assert bert_record(model) == BERT_OPTION_RECORD
+    with pytest.raises(RealformerConfigError, match="RealformerTransformerConfig"):
+        bert_computation(argparse.Namespace(activation_fn="gelu_accurate"))
+
+
+def test_a_checkpoint_of_residual_attention_encoder_restores_into_residual_attention_all():
+    """``--residual-attention all`` is every chain of the model: for the encoder-only model,
+    ``encoder``. A checkpoint recorded with one loads into a model built with the other (the
+    record was compared as typed: a false 'the checkpoint was made with' refusal)."""
+    source = build_bert("argparse", residual_attention="encoder", **BERT_OPTION_FLAGS)
+    state = source.state_dict()
+    target = build_bert("DictConfig", residual_attention="all", **BERT_OPTION_FLAGS)
+    target.load_state_dict(state)
+    # a record written as typed by an earlier plugin version ("all") loads as well
+    state._metadata[""]["realformer_bert_options"]["residual_attention"] = "all"
+    build_bert("argparse", **BERT_OPTION_FLAGS).load_state_dict(state)
+    # and one that differs is still refused
+    state._metadata[""]["realformer_bert_options"]["residual_attention"] = "none"
+    with pytest.raises(RealformerConfigError, match="--residual-attention none"):
+        target.load_state_dict(state)

@@ -247,6 +247,47 @@ def test_vocabulary_becomes_a_fairseq_dictionary_with_bert_specials_mapped(tmp_p
     assert loaded.add_symbol("<mask>") == vocab.fairseq_ids[9]  # masked_lm's mask id, unchanged
 
 
+def modules_assigning(name: str):
+    """The package's modules that assign ``name`` at module level."""
+    import ast
+
+    package = Path(__file__).resolve().parents[1] / "realformer_fairseq"
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+                found.append(path.relative_to(package).as_posix())
+    return found
+
+
+def test_one_bert_to_fairseq_id_mapping_and_one_next_sentence_head_name(monkeypatch):
+    """One home for each fact: the BERT-id -> fairseq-id mapping is
+    ``wordpiece.fairseq_ids_of_bert_vocab`` (the vocabulary's own ids and the ids
+    ``bert_outputs`` feeds an imported model, whose dictionary it checks), and the name of
+    the next-sentence head is ``bert_checkpoint.NEXT_SENTENCE_HEAD`` (where the head is made)."""
+    from fairseq.data import Dictionary
+
+    from realformer_fairseq.tf_import import outputs, wordpiece
+
+    mapping = wordpiece.fairseq_ids_of_bert_vocab
+    calls = []
+
+    def counted(dictionary, tokens):
+        calls.append(len(tokens))
+        return mapping(dictionary, tokens)
+
+    monkeypatch.setattr(wordpiece, "fairseq_ids_of_bert_vocab", counted)
+    vocab = fixture_vocab()
+    assert calls == [71]  # the vocabulary's ids are the mapping's
+    assert outputs.fairseq_ids_of_bert_vocab is mapping  # and bert_outputs' are too
+    other = Dictionary()
+    other.add_symbol("the")
+    with pytest.raises(WordPieceError, match="the model's dictionary has no '\\[unused0\\]'"):
+        mapping(other, vocab.tokens)
+    assert modules_assigning("NEXT_SENTENCE_HEAD") == ["tf_import/bert_checkpoint.py"]
+
+
 @pytest.mark.parametrize(
     "lines,message",
     [

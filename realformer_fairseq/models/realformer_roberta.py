@@ -55,7 +55,7 @@ from ..modules.realformer_layer import (
     realformer_config,
     settings_of,
 )
-from ..settings import add_realformer_args
+from ..settings import add_realformer_args, parse_residual_chains
 from .architectures import register_family_architectures, register_family_base_architecture
 from .build_checks import arch_label, check_layers_match_settings, settings_for_build
 from .checkpoint_guard import ArchCheckedLoadMixin
@@ -247,7 +247,8 @@ class RealformerRobertaModel(
         then load as fairseq does."""
         recorded = (getattr(state_dict, "_metadata", None) or {}).get("", {}).get(_BERT_KEY)
         if recorded:
-            own = bert_computation(self.args)
+            recorded = canonical_bert_computation(recorded)
+            own = bert_computation(self.encoder.args)
             differ = [k for k in recorded if k in own and recorded[k] != own[k]]
             if differ:
                 flags = " ".join(f"--{k.replace('_', '-')} {recorded[k]}" for k in differ)
@@ -374,37 +375,41 @@ class RealformerRobertaModel(
 
 
 _BERT_KEY = "realformer_bert_options"
-# what changes the numbers a checkpoint computes without changing its parameter shapes
-BERT_COMPUTATION_KEYS = (
-    "layernorm_eps",
-    "activation_fn",
-    "pooler_activation_fn",
-    "residual_attention",
-    "residual_attention_mode",
-    "encoder_normalize_before",
-)
 
 
-def bert_computation(args) -> dict:
-    """The values of :data:`BERT_COMPUTATION_KEYS` in a model config (LayerNorm epsilon
-    ``None`` is fairseq's 1e-5)."""
-    values = {k: utils.safe_getattr(args, k, None) for k in BERT_COMPUTATION_KEYS}
-    if values["layernorm_eps"] is None:
-        values["layernorm_eps"] = 1e-5
-    values["encoder_normalize_before"] = bool(values["encoder_normalize_before"])
-    return values
+def bert_computation(cfg: RealformerTransformerConfig) -> dict:
+    """What changes the numbers a built model computes without changing its parameter shapes,
+    from the encoder's config ``cfg`` (``model.encoder.args``): the plugin's flags from its
+    settings (the settings module's one reading; a config without them is an error), fairseq's
+    from the config the encoder was built with (LayerNorm epsilon ``None`` is fairseq's 1e-5)."""
+    settings = settings_of(cfg)
+    return {
+        "layernorm_eps": 1e-5 if settings.layernorm_eps is None else settings.layernorm_eps,
+        "activation_fn": cfg.activation_fn,
+        "pooler_activation_fn": cfg.pooler_activation_fn,
+        "residual_attention": ",".join(sorted(settings.residual_chains)) or "none",
+        "residual_attention_mode": settings.residual_attention_mode,
+        "encoder_normalize_before": bool(cfg.encoder.normalize_before),
+    }
+
+
+def canonical_bert_computation(recorded: dict) -> dict:
+    """A checkpoint's record in :func:`bert_computation`'s spelling: records written before
+    the settings were its source hold ``--residual-attention`` as typed (``all`` and
+    ``encoder`` are the same encoder-only model)."""
+    recorded = dict(recorded)
+    if "residual_attention" in recorded:
+        chains = parse_residual_chains(recorded["residual_attention"], ENCODER_ONLY_CHAINS)
+        recorded["residual_attention"] = ",".join(sorted(chains)) or "none"
+    return recorded
 
 
 def _record_bert_computation(module, state_dict, prefix, local_metadata):
     """State-dict hook: a model with BERT options records what it computes (see
     ``load_state_dict``); other models record nothing, so their checkpoints are unchanged."""
-    args = module.args
-    if (
-        utils.safe_getattr(args, "layernorm_eps", None) is not None
-        or utils.safe_getattr(args, "type_vocab_size", 0)
-        or utils.safe_getattr(args, "bert_pooler", False)
-    ):
-        local_metadata[_BERT_KEY] = bert_computation(args)
+    settings = settings_of(module.encoder.args)
+    if settings.layernorm_eps is not None or settings.type_vocab_size or settings.bert_pooler:
+        local_metadata[_BERT_KEY] = bert_computation(module.encoder.args)
 
 
 def check_bert_options(settings, model, model_name: str):

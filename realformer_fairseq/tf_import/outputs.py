@@ -8,23 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import RealformerConfigError
-from .wordpiece import fairseq_symbol
-
-NEXT_SENTENCE_HEAD = "next_sentence"
-
-
-def fairseq_ids_of_bert_vocab(dictionary, vocab_tokens: Sequence[str]) -> np.ndarray:
-    """``ids[bert_id]`` = the fairseq id of BERT token ``bert_id`` (specials mapped as
-    ``realformer-import-tf`` maps them); refuses a dictionary that lacks a token."""
-    ids = np.array([dictionary.index(fairseq_symbol(t)) for t in vocab_tokens], np.int64)
-    unk = dictionary.unk()
-    lost = [t for t, i in zip(vocab_tokens, ids) if i == unk and fairseq_symbol(t) != "<unk>"]
-    if lost:
-        raise RealformerConfigError(
-            f"the model's dictionary has no {lost[0]!r} (and {len(lost) - 1} more BERT tokens): "
-            "not the dictionary of this vocabulary"
-        )
-    return ids
+from .bert_checkpoint import NEXT_SENTENCE_HEAD
+from .wordpiece import fairseq_ids_of_bert_vocab
 
 
 def bert_outputs(

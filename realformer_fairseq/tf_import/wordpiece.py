@@ -76,6 +76,21 @@ def fairseq_symbol(bert_token: str) -> str:
     return SPECIAL_TOKENS.get(bert_token, bert_token)
 
 
+def fairseq_ids_of_bert_vocab(dictionary, vocab_tokens: Sequence[str]) -> np.ndarray:
+    """``ids[bert_id]`` = the id in ``dictionary`` of BERT token ``bert_id`` (specials mapped by
+    :func:`fairseq_symbol`): the one BERT-to-fairseq id mapping (the vocabulary's own
+    dictionary, an imported model's); refuses a dictionary that lacks a token."""
+    ids = np.array([dictionary.index(fairseq_symbol(t)) for t in vocab_tokens], np.int64)
+    unk = dictionary.unk()
+    lost = [t for t, i in zip(vocab_tokens, ids) if i == unk and fairseq_symbol(t) != "<unk>"]
+    if lost:
+        raise WordPieceError(
+            f"the model's dictionary has no {lost[0]!r} (and {len(lost) - 1} more BERT tokens): "
+            "not the dictionary of this vocabulary"
+        )
+    return ids
+
+
 class WordPieceVocabulary:
     """A BERT vocabulary and the fairseq dictionary made from it (see the module docstring)."""
 
@@ -88,8 +103,7 @@ class WordPieceVocabulary:
             symbol = fairseq_symbol(token)
             if symbol not in FAIRSEQ_BUILTINS:
                 self.dictionary.add_symbol(symbol, n=1)
-        index = {sym: i for i, sym in enumerate(self.dictionary.symbols)}
-        self.fairseq_ids = np.array([index[fairseq_symbol(t)] for t in self.tokens], np.int64)
+        self.fairseq_ids = fairseq_ids_of_bert_vocab(self.dictionary, self.tokens)
         self.bert_ids = np.empty(len(self.tokens), np.int64)
         self.bert_ids[self.fairseq_ids] = np.arange(len(self.tokens))
         assert len(self.dictionary) == len(self.tokens)
