@@ -296,12 +296,13 @@ def cmd_command(args):
     """bash assignments: ARCH, PHASES (count), and per phase i: PHASE{i}_DATA_BIN,
     PHASE{i}_SEQ_LEN, PHASE{i}_MAX_UPDATE, PHASE{i}_BATCH, PHASE{i}_FREQ and the array
     PHASE{i}_ARGS (fairseq-train arguments after the data-bin and --user-dir)."""
+    arch = arch_name(args.variant, args.size)  # checks both first
     data_bins = [(args.data_bin, args.seq_len)]
     if args.data_bin_512:
         data_bins.append((args.data_bin_512, args.seq_len_512))
     updates, warmup = schedule(args.max_update, args.warmup)
     phases = plan_phases(args.size, data_bins, updates, args.world, args.batch_size)
-    lines = [f"ARCH={shlex.quote(arch_name(args.variant, args.size))}", f"PHASES={len(phases)}"]
+    lines = [f"ARCH={shlex.quote(arch)}", f"PHASES={len(phases)}"]
     lines += [f"UPDATES={updates}", f"WARMUP={warmup}", f"TARGET_BATCH={BATCH_SEQUENCES}"]
     for i, phase in enumerate(phases, 1):
         fairseq_args = train_args(
