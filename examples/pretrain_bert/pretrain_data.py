@@ -70,15 +70,9 @@ import time
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
-
-
-class InputError(ValueError):
-    """Bad input; the message is one line."""
-
-
-def warn(message: str):
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    print(f"{stamp} | WARNING | pretrain_bert | {message}", file=sys.stderr, flush=True)
+from realformer_pipelines.errors import InputError
+from realformer_pipelines.files import atomic_output
+from realformer_pipelines.log import warn
 
 
 # ------------------------------------------------------------------ WordPiece
@@ -139,13 +133,11 @@ def looks_uncased(tokens: Sequence[str]) -> bool:
 def write_fairseq_dict(tokens: Sequence[str], path: str):
     """fairseq's ``dict.txt`` of a BERT vocabulary: every token but the four fairseq built-ins in
     BERT id order, specials spelt as fairseq (the dictionary realformer-import-tf writes)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         for token in tokens:
             symbol = FAIRSEQ_SYMBOL.get(token, token)
             if symbol not in FAIRSEQ_BUILTINS:
                 fh.write(f"{symbol} 1\n")
-    os.replace(tmp, path)
 
 
 def bert_normalizer(lowercase: bool):
@@ -268,10 +260,8 @@ def learn_wordpiece(
 
 def write_vocab(tokens: Sequence[str], path: str):
     """``vocab.txt``: one token a line, line number = BERT id (atomically)."""
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as fh:
         fh.write("".join(token + "\n" for token in tokens))
-    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------ corpus

@@ -32,19 +32,11 @@ PROG = "pretrain_bert"
 PREPARE_JSON = "prepare.json"
 
 
-from pretrain_data import InputError as ToolError  # one error type for the whole tool
-
-
-def log(message: str):
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime())
-    print(f"{stamp} | INFO | {PROG} | {message}", file=sys.stderr, flush=True)
-
-
-def write_json(path: str, obj):
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(json.dumps(obj, indent=1) + "\n")
-    os.replace(tmp, path)
+from realformer_pipelines.errors import InputError as ToolError
+from realformer_pipelines.errors import run_cli
+from realformer_pipelines.files import atomic_output
+from realformer_pipelines.files import write_json_atomic as write_json
+from realformer_pipelines.log import log
 
 
 def read_prepare_json(data_bin: str) -> Dict:
@@ -229,8 +221,6 @@ def plot_curves(report: Dict, png: str):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from realformer_fairseq.atomic_files import atomic_output
-
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in report["runs"]:
         points = sorted((c["update"], c["accuracy"]) for c in run["checkpoints"] if c["update"] is not None)
@@ -380,19 +370,8 @@ def get_parser():
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = get_parser().parse_args(argv)
-    try:
-        args.fn(args)
-    except (ToolError, OSError) as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 1
-    except ValueError as err:
-        plugin_errors = sys.modules.get("realformer_fairseq.errors")  # evaluate imports it
-        if plugin_errors is None or not isinstance(err, plugin_errors.RealformerConfigError):
-            raise
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    """One line ``pretrain_bert: error: ...`` for bad input (the plugin's errors are InputErrors)."""
+    return run_cli(get_parser(), argv, PROG)
 
 
 if __name__ == "__main__":
