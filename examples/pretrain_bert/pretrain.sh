@@ -15,7 +15,7 @@ usage() {
 usage: pretrain.sh --variant realformer|postln|preln --size tiny|small|base|large|xlarge
                    --data-bin DIR [--data-bin-512 DIR] [--save-dir DIR]
                    [--gpus N] [--nnodes N --node-rank R --master-addr HOST --master-port P]
-                   [--batch-size N] [--max-update N] [--warmup N] [--seed S]
+                   [--batch-size N] [--update-freq N] [--max-update N] [--warmup N] [--seed S]
                    [--cpu] [--no-fp16] [--dry-run] [-- EXTRA fairseq-train ARGS]
 
   --variant       realformer (Post-LN BERT + residual attention, the paper's), postln, preln
@@ -29,6 +29,8 @@ usage: pretrain.sh --variant realformer|postln|preln --size tiny|small|base|larg
   --gpus N        GPUs per node (default: the visible ones)
   --nnodes N      nodes; with N > 1 the command runs under torchrun, once per node (--node-rank)
   --batch-size N  sequences per GPU (default: the size's; --update-freq makes the total 256)
+  --update-freq N gradient accumulation (default: what makes GPUs x batch x N = 256; another
+                  value is a smaller or larger batch than the recipe's, warned about)
   --max-update N  a shorter run: the linear decay ends at N and the warm-up is 1 % of N
   --warmup N      warm-up updates (default: the recipe's 10,000, or 1 % of --max-update)
   --seed S        fairseq's seed (default 1)
@@ -51,6 +53,7 @@ NODE_RANK=${NODE_RANK:-0}
 MASTER_ADDR=${MASTER_ADDR:-localhost}
 MASTER_PORT=${MASTER_PORT:-29500}
 BATCH_SIZE=""
+UPDATE_FREQ=""
 MAX_UPDATE=""
 WARMUP=""
 SEED=1
@@ -71,6 +74,7 @@ while [[ $# -gt 0 ]]; do
     --master-addr) opt_value "$@"; MASTER_ADDR=$2; shift 2 ;;
     --master-port) opt_value "$@"; MASTER_PORT=$2; shift 2 ;;
     --batch-size) opt_value "$@"; BATCH_SIZE=$2; shift 2 ;;
+    --update-freq) opt_value "$@"; UPDATE_FREQ=$2; shift 2 ;;
     --max-update) opt_value "$@"; MAX_UPDATE=$2; shift 2 ;;
     --warmup) opt_value "$@"; WARMUP=$2; shift 2 ;;
     --seed) opt_value "$@"; SEED=$2; shift 2 ;;
@@ -84,7 +88,7 @@ while [[ $# -gt 0 ]]; do
 done
 
 [[ -n "$VARIANT" && -n "$SIZE" && -n "$DATA_BIN" ]] || { usage >&2; die "--variant, --size and --data-bin are required"; }
-for v in GPUS NNODES BATCH_SIZE MAX_UPDATE WARMUP SEED NODE_RANK MASTER_PORT; do
+for v in GPUS NNODES BATCH_SIZE UPDATE_FREQ MAX_UPDATE WARMUP SEED NODE_RANK MASTER_PORT; do
     case $v in WARMUP | SEED | NODE_RANK | MASTER_PORT) min=0 ;; *) min=1 ;; esac
     option=${v,,}
     [[ -z "${!v}" ]] || whole_number "--${option//_/-}" "${!v}" $min
@@ -118,6 +122,7 @@ WORLD=$((GPUS * NNODES))
 OPTIONAL=()
 [[ -z "$BATCH_SIZE" ]] || OPTIONAL+=(--batch-size "$BATCH_SIZE")
 [[ -z "$MAX_UPDATE" ]] || OPTIONAL+=(--max-update "$MAX_UPDATE")
+[[ -z "$UPDATE_FREQ" ]] || OPTIONAL+=(--update-freq "$UPDATE_FREQ")
 [[ -z "$WARMUP" ]] || OPTIONAL+=(--warmup "$WARMUP")
 [[ $FP16 == 1 ]] || OPTIONAL+=(--cpu) # recipes.py: --cpu leaves out the GPU-only flags
 RECIPE_SH="$(recipes command --variant "$VARIANT" --size "$SIZE" \
@@ -136,7 +141,8 @@ own_option_of() {
     --save-dir | --seed | --cpu | --batch-size) echo "$1" ;;
     --max-update | --total-num-update) echo "--max-update" ;;
     --warmup-updates) echo "--warmup" ;;
-    --update-freq | --distributed-world-size) echo "--gpus / --nnodes / --batch-size" ;;
+    --update-freq) echo "--update-freq" ;;
+    --distributed-world-size) echo "--gpus / --nnodes" ;;
     --tokens-per-sample) echo "prepare.sh --max-seq-len (the data-bin's)" ;;
     --bpe | --wordpiece-vocab | --wordpiece-cased) echo "prepare.sh (the data-bin's vocabulary)" ;;
     *) return 1 ;;

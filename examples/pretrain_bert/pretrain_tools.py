@@ -277,10 +277,12 @@ def cmd_evaluate(args):
             result = mlm_eval.score_model(model, masked, device)
             result.update(checkpoint=path, update=updates, arch=getattr(cfg.model, "arch", None))
             scored.append(result)
+        scored.sort(key=lambda c: (c["update"] is None, c["update"] or 0))
+        for result in scored:
             print(
-                f"{path} (update {updates}): masked-token accuracy {result['accuracy']:.2f} % "
-                f"on {result['n']} held-out masked tokens, loss {result['loss_base2']:.3f} bits "
-                f"(frequency baseline {baseline:.2f} %)",
+                f"{result['checkpoint']} (update {result['update']}): masked-token accuracy "
+                f"{result['accuracy']:.2f} % on {result['n']} held-out masked tokens, loss "
+                f"{result['loss_base2']:.3f} bits (frequency baseline {baseline:.2f} %)",
                 flush=True,
             )
         runs.append({"label": label, "save_dir": save_dir, "checkpoints": scored})

@@ -80,7 +80,9 @@ RECIPE: List[Tuple[str, Optional[str], str]] = [
      f"{OURS}: 20 checkpoints for the accuracy-vs-updates curve ({BERT} run_pretraining.py:74 "
      "saves every 1,000 steps and keeps 5)"),
     ("--keep-interval-updates", "-1", f"{OURS}: every interval checkpoint is kept for evaluate.sh"),
-    ("--no-epoch-checkpoints", None, f"{OURS}: the interval checkpoints are the curve"),
+    ("--keep-last-epochs", "-1",
+     f"{OURS}: epoch checkpoints kept too (fairseq writes an interval checkpoint only mid-epoch: "
+     "an interval that ends an epoch is saved as checkpointN.pt)"),
     ("--log-format", "simple", f"{OURS}"),
     ("--log-interval", "100", f"{OURS}"),
 ]
@@ -200,6 +202,7 @@ def plan_phases(
     updates: int,
     world: int,
     batch_per_gpu_arg: Optional[int] = None,
+    update_freq_arg: Optional[int] = None,
 ) -> List[Phase]:
     """One phase per data-bin (path, instance length): one data-bin trains all ``updates`` on
     it; two (length 128, then 512) split them 90 / 10 as BERT."""
@@ -216,7 +219,10 @@ def plan_phases(
     phases = []
     for (data_bin, seq_len), end in zip(data_bins, ends):
         per_gpu = batch_per_gpu_arg or batch_per_gpu(size, seq_len)
-        per_gpu, freq = update_freq_for(world, per_gpu)
+        if update_freq_arg:
+            freq = update_freq_arg
+        else:
+            per_gpu, freq = update_freq_for(world, per_gpu)
         phases.append(Phase(data_bin, seq_len, end, per_gpu, freq))
     return phases
 
@@ -301,7 +307,9 @@ def cmd_command(args):
     if args.data_bin_512:
         data_bins.append((args.data_bin_512, args.seq_len_512))
     updates, warmup = schedule(args.max_update, args.warmup)
-    phases = plan_phases(args.size, data_bins, updates, args.world, args.batch_size)
+    phases = plan_phases(
+        args.size, data_bins, updates, args.world, args.batch_size, args.update_freq
+    )
     lines = [f"ARCH={shlex.quote(arch)}", f"PHASES={len(phases)}"]
     lines += [f"UPDATES={updates}", f"WARMUP={warmup}", f"TARGET_BATCH={BATCH_SEQUENCES}"]
     for i, phase in enumerate(phases, 1):
@@ -331,6 +339,7 @@ def get_parser():
     s.add_argument("--seq-len-512", type=int)
     s.add_argument("--world", type=int, required=True, help="GPUs x nodes (1 on CPU)")
     s.add_argument("--batch-size", type=int, help="sequences per GPU (default: the size's)")
+    s.add_argument("--update-freq", type=int, help="default: what makes the batch 256")
     s.add_argument("--max-update", type=int)
     s.add_argument("--warmup", type=int)
     s.add_argument("--cpu", action="store_true")
