@@ -230,10 +230,14 @@ def main(argv=None):
         ])  # fmt: skip
     table = tables.md_table(header, rows)
     if baseline is not None:
-        table += f"\n\nfrequency baseline (the most frequent WordPiece everywhere): {baseline:.2f} %"
+        table += (
+            f"\n\nfrequency baseline (the most frequent WordPiece everywhere): {baseline:.2f} %"
+        )
     name = runs.study_name(args, "pretrain_comparison")
     example = train_command(args, data_bin, "realformer", 1, Path("SAVE_DIR"))
-    loads = [r["load_average_start"][0] for r in results] + [r["load_average_end"][0] for r in results]
+    loads = [r["load_average_start"][0] for r in results] + [
+        r["load_average_end"][0] for r in results
+    ]
     report = runs.report(
         args, name, t0, results, summary, table,
         description="BERT pre-training (examples/pretrain_bert) of Post-LN / Pre-LN / RealFormer "

@@ -13,7 +13,6 @@ import os
 import shlex
 import subprocess
 import sys
-from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -183,13 +182,17 @@ def test_short_sequence_targets_as_bert():
 
 def test_split_keeps_whole_documents(tmp_path):
     corpus = news_corpus(tmp_path / "corpus.txt", lines=400)  # 20 documents
-    stats = pretrain_data.split_documents([str(corpus)], str(tmp_path / "t"), str(tmp_path / "v"), 3, 7)
+    stats = pretrain_data.split_documents(
+        [str(corpus)], str(tmp_path / "t"), str(tmp_path / "v"), 3, 7
+    )
     original = corpus.read_text(encoding="utf-8").strip().split("\n\n")
     train = (tmp_path / "t").read_text(encoding="utf-8").strip().split("\n\n")
     valid = (tmp_path / "v").read_text(encoding="utf-8").strip().split("\n\n")
     assert len(valid) == 3 and len(train) == 17 and stats["valid"]["documents"] == 3
     assert sorted(train + valid) == sorted(original)
-    again = pretrain_data.split_documents([str(corpus)], str(tmp_path / "t2"), str(tmp_path / "v2"), 3, 7)
+    again = pretrain_data.split_documents(
+        [str(corpus)], str(tmp_path / "t2"), str(tmp_path / "v2"), 3, 7
+    )
     assert (tmp_path / "v2").read_text() == (tmp_path / "v").read_text() and again == stats
 
 
@@ -211,7 +214,15 @@ def test_one_line_errors_for_bad_corpora(tmp_path):
     one_doc.write_text("a sentence .\nanother one .\n", encoding="utf-8")
     latin1 = tmp_path / "latin1.txt"
     latin1.write_bytes(b"ok\n\ncaf\xe9\n")
-    args = ["split", "--train", tmp_path / "t", "--valid", tmp_path / "v", "--stats", tmp_path / "s"]
+    args = [
+        "split",
+        "--train",
+        tmp_path / "t",
+        "--valid",
+        tmp_path / "v",
+        "--stats",
+        tmp_path / "s",
+    ]
     assert "no text (empty corpus" in one_error_line(tool(*args, "--corpus", empty, check=False))
     line = one_error_line(tool(*args, "--corpus", one_doc, check=False))
     assert "no blank line between documents (2 lines read as one document)" in line
@@ -331,7 +342,9 @@ def script(name, *args, check=True, env=None):
     return proc
 
 
-def fake_data_bin(root: Path, seq_len: int, vocab_text: str = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n"):
+def fake_data_bin(
+    root: Path, seq_len: int, vocab_text: str = "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n"
+):
     """What pretrain.sh reads of a data-bin: prepare.json and vocab.txt."""
     root.mkdir(parents=True, exist_ok=True)
     (root / "vocab.txt").write_text(vocab_text, encoding="utf-8")
@@ -341,7 +354,11 @@ def fake_data_bin(root: Path, seq_len: int, vocab_text: str = "[PAD]\n[UNK]\n[CL
 
 
 def dry_run_commands(stdout: str):
-    commands = [shlex.split(line) for line in stdout.splitlines() if line.strip() and not line.startswith("#")]
+    commands = [
+        shlex.split(line)
+        for line in stdout.splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     return commands
 
 
@@ -376,7 +393,10 @@ def test_pretrain_sh_one_line_errors(tmp_path):
     base = ["--variant", "postln", "--data-bin", d128, "--gpus", 1, "--dry-run"]
     cases = [
         (["--size", "huge"], "--size must be one of tiny, small, base, large, xlarge, got 'huge'"),
-        (["--size", "base", "--", "--update-freq", "2"], "--update-freq after --: pretrain.sh sets it"),
+        (
+            ["--size", "base", "--", "--update-freq", "2"],
+            "--update-freq after --: pretrain.sh sets it",
+        ),
         (["--size", "base", "--", "--arch", "x"], "--arch after --: pretrain.sh sets it"),
         (["--size", "base", "--data-bin-512", tmp_path], "no prepare.json"),
         (["--size", "base", "--gpus", "two"], "--gpus must be a whole number"),
@@ -413,7 +433,9 @@ def test_prepare_sh_one_line_errors(tmp_path):
         (["--corpus", one_doc, "--max-seq-len", "x"], "--max-seq-len must be a whole number"),
     ]
     for args, message in cases:
-        line = one_error_line(script("prepare.sh", "--work-dir", tmp_path / "w", *args, check=False))
+        line = one_error_line(
+            script("prepare.sh", "--work-dir", tmp_path / "w", *args, check=False)
+        )
         assert message in line, line
 
 
@@ -470,7 +492,9 @@ def test_end_to_end_accuracy_above_baseline(pretrained):
     assert final > baseline["accuracy"] + E2E_MARGIN, (final, baseline)
     assert f"{final:.2f} %" in proc.stdout
     assert report["best"]["checkpoint"] == checkpoints[-1]["checkpoint"]
-    assert "examples/glue/finetune.sh" in proc.stdout and report["best"]["checkpoint"] in proc.stdout
+    assert (
+        "examples/glue/finetune.sh" in proc.stdout and report["best"]["checkpoint"] in proc.stdout
+    )
     assert (data_bin.parent.parent / "eval" / "mlm_accuracy.png").stat().st_size > 1000
 
 

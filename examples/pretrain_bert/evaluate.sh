@@ -10,12 +10,12 @@ source "$PIPELINE_DIR/stages.sh"
 
 usage() {
     cat <<USAGE
-usage: evaluate.sh --data-bin DIR --checkpoint-dir DIR [--checkpoint-dir DIR ...]
-                   [--label NAME ...] [--seed S] [--out-dir DIR] [--batch-size N] [--cpu] [--dry-run]
+usage: evaluate.sh --data-bin DIR --checkpoint-dir DIR [DIR ...] [--label NAME [NAME ...]]
+                   [--seed S] [--out-dir DIR] [--batch-size N] [--cpu] [--dry-run]
 
   --data-bin DIR        prepare.sh's data-bin (its held-out split and instance length)
-  --checkpoint-dir DIR  a save dir of pretrain.sh (repeat for several: variants, seeds)
-  --label NAME          the name of each save dir in the JSON and the plot (default: folder names)
+  --checkpoint-dir DIR  save dirs of pretrain.sh (several: variants, seeds; may be repeated)
+  --label NAME          one name per save dir for the JSON and the plot (default: folder names)
   --seed S              the masking seed (default 12345): keep it to compare with earlier results
   --out-dir DIR         where mlm_accuracy.json / .png go (default: the first checkpoint dir)
   --batch-size N        sequences per forward pass (default 64)
@@ -35,8 +35,14 @@ DRY_RUN=0
 while [[ $# -gt 0 ]]; do
     case "$1" in
     --data-bin) opt_value "$@"; DATA_BIN=$2; shift 2 ;;
-    --checkpoint-dir) opt_value "$@"; DIRS+=("$2"); shift 2 ;;
-    --label) opt_value "$@"; LABELS+=("$2"); shift 2 ;;
+    --checkpoint-dir)
+        opt_value "$@"
+        shift
+        while [[ $# -gt 0 && "$1" != --* ]]; do DIRS+=("$1"); shift; done ;;
+    --label)
+        opt_value "$@"
+        shift
+        while [[ $# -gt 0 && "$1" != --* ]]; do LABELS+=("$1"); shift; done ;;
     --seed) opt_value "$@"; SEED=$2; shift 2 ;;
     --out-dir) opt_value "$@"; OUT_DIR=$2; shift 2 ;;
     --batch-size) opt_value "$@"; BATCH=$2; shift 2 ;;

@@ -65,15 +65,13 @@ import concurrent.futures
 import dataclasses
 import multiprocessing
 import os
-import sys
-import time
 from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
+
 from realformer_pipelines.errors import InputError
 from realformer_pipelines.files import atomic_output
 from realformer_pipelines.log import warn
-
 
 # ------------------------------------------------------------------ WordPiece
 
@@ -124,9 +122,7 @@ def check_vocab(tokens: Sequence[str], source: str):
 def looks_uncased(tokens: Sequence[str]) -> bool:
     """No ordinary token with an upper-case letter (Google's uncased vocabularies)."""
     return not any(
-        any(ch.isupper() for ch in t)
-        for t in tokens
-        if not (t.startswith("[") and t.endswith("]"))
+        any(ch.isupper() for ch in t) for t in tokens if not (t.startswith("[") and t.endswith("]"))
     )
 
 
@@ -314,7 +310,9 @@ def _lines(path: str) -> Iterator[Tuple[int, str]]:
             yield number, text.strip()
 
 
-def iter_documents(paths: Sequence[str], stats: Optional[CorpusStats] = None) -> Iterator[List[str]]:
+def iter_documents(
+    paths: Sequence[str], stats: Optional[CorpusStats] = None
+) -> Iterator[List[str]]:
     """The documents of ``paths`` in order, each a list of non-empty stripped lines; a blank line
     or the end of a file ends a document; empty documents are skipped. ``stats`` (optional) is
     filled in as the documents are read."""
@@ -390,9 +388,10 @@ def split_documents(
     counts = {"train": [0, 0], "valid": [0, 0]}  # documents, sentences
     tmp = {name: f"{path}.tmp" for name, path in (("train", train_out), ("valid", valid_out))}
     try:
-        with open(tmp["train"], "w", encoding="utf-8") as train, open(
-            tmp["valid"], "w", encoding="utf-8"
-        ) as valid:
+        with (
+            open(tmp["train"], "w", encoding="utf-8") as train,
+            open(tmp["valid"], "w", encoding="utf-8") as valid,
+        ):
             for index, document in enumerate(iter_documents(paths)):
                 name = "valid" if index in held_out else "train"
                 _write_document(valid if name == "valid" else train, document, not counts[name][0])
@@ -431,7 +430,9 @@ def pack_document(
     that is cut into consecutive pieces); empty sentences are skipped."""
     max_num_tokens = max_seq_len - INSTANCE_SPECIALS
     if max_num_tokens < 2:
-        raise CorpusError(f"--max-seq-len must be at least {INSTANCE_SPECIALS + 2}, got {max_seq_len}")
+        raise CorpusError(
+            f"--max-seq-len must be at least {INSTANCE_SPECIALS + 2}, got {max_seq_len}"
+        )
     # BERT draws the target once per document (create_pretraining_data.py:239-241)
     target = max_num_tokens
     if rng.random() < short_seq_prob:
@@ -487,7 +488,9 @@ def _process_chunk(args) -> Tuple[List[str], Dict[str, int], Dict[str, int]]:
             len(s) > settings.max_seq_len - INSTANCE_SPECIALS for s in sentences
         )
         rng = document_rng(settings.seed, first_index + offset)
-        for instance in pack_document(sentences, settings.max_seq_len, settings.short_seq_prob, rng):
+        for instance in pack_document(
+            sentences, settings.max_seq_len, settings.short_seq_prob, rng
+        ):
             lines.append(" ".join(instance))
             counts.update(instance)
             stats["instances"] += 1

@@ -25,7 +25,6 @@ import re
 import shlex
 import shutil
 import sys
-import time
 from typing import Dict, List, Optional
 
 PROG = "pretrain_bert"
@@ -54,9 +53,7 @@ def cmd_split(args):
     import pretrain_data as corpus
 
     os.makedirs(os.path.dirname(os.path.abspath(args.train)), exist_ok=True)
-    result = corpus.split_documents(
-        args.corpus, args.train, args.valid, args.valid_docs, args.seed
-    )
+    result = corpus.split_documents(args.corpus, args.train, args.valid, args.valid_docs, args.seed)
     write_json(args.stats, result)
     log(
         f"split: {result['documents']} documents ({result['sentences']} sentences) -> train "
@@ -159,7 +156,8 @@ def fairseq_id(tokens, symbol: str) -> int:
     import pretrain_data
 
     symbols = list(pretrain_data.FAIRSEQ_BUILTINS) + [
-        s for s in (pretrain_data.FAIRSEQ_SYMBOL.get(t, t) for t in tokens)
+        s
+        for s in (pretrain_data.FAIRSEQ_SYMBOL.get(t, t) for t in tokens)
         if s not in pretrain_data.FAIRSEQ_BUILTINS
     ]
     return symbols.index(symbol)
@@ -223,7 +221,9 @@ def plot_curves(report: Dict, png: str):
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for run in report["runs"]:
-        points = sorted((c["update"], c["accuracy"]) for c in run["checkpoints"] if c["update"] is not None)
+        points = sorted(
+            (c["update"], c["accuracy"]) for c in run["checkpoints"] if c["update"] is not None
+        )
         if points:
             ax.plot(*zip(*points), marker="o", ms=3, label=run["label"])
     baseline = report["frequency_baseline"]

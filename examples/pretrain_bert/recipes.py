@@ -21,7 +21,7 @@ import dataclasses
 import math
 import shlex
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 BERT = "google-research/bert"
 PAPER = "Devlin et al. 2019, A.2"
@@ -32,37 +32,67 @@ SIZES = ("tiny", "small", "base", "large", "xlarge")
 
 # (flag, value or None for a switch, source), in command-line order
 RECIPE: List[Tuple[str, Optional[str], str]] = [
-    ("--task", "masked_lm",
-     f"fairseq's masked LM; no next-sentence prediction (RoBERTa, Liu et al. 2019, §4.2; "
-     f"BERT's run_pretraining.py:148 adds an NSP loss)"),
-    ("--criterion", "masked_lm_accuracy",
-     "fairseq's masked_lm loss + masked-token accuracy (the plugin's criterion)"),
-    ("--sample-break-mode", "eos",
-     f"one prepared instance a sample: whole sentences of one document ({BERT} "
-     "create_pretraining_data.py:223-335, see prepare.sh)"),
-    ("--max-positions", "512",
-     f"{BERT} modeling.py:43 (max_position_embeddings=512); README.md:675 (released models: "
-     "sequences up to 512)"),
-    ("--mask-prob", "0.15",
-     f"{BERT} create_pretraining_data.py:60 (masked_lm_prob); Devlin et al. 2019, §3.1"),
-    ("--leave-unmasked-prob", "0.1",
-     f"{BERT} create_pretraining_data.py:392-398 (80 % [MASK], then half of the rest kept)"),
-    ("--random-token-prob", "0.1",
-     f"{BERT} create_pretraining_data.py:399-401 (10 % a random token)"),
-    ("--optimizer", "adam",
-     f"{BERT} optimization.py:59-65 (AdamWeightDecayOptimizer: decoupled weight decay like "
-     "fairseq's adam; BERT's skips bias correction and exempts LayerNorm and bias from decay, "
-     "fairseq's does neither)"),
+    (
+        "--task",
+        "masked_lm",
+        "fairseq's masked LM; no next-sentence prediction (RoBERTa, Liu et al. 2019, §4.2; "
+        f"{BERT} run_pretraining.py:148 adds an NSP loss)",
+    ),
+    (
+        "--criterion",
+        "masked_lm_accuracy",
+        "fairseq's masked_lm loss + masked-token accuracy (the plugin's criterion)",
+    ),
+    (
+        "--sample-break-mode",
+        "eos",
+        f"one prepared instance a sample: whole sentences of one document ({BERT} "
+        "create_pretraining_data.py:223-335, see prepare.sh)",
+    ),
+    (
+        "--max-positions",
+        "512",
+        f"{BERT} modeling.py:43 (max_position_embeddings=512); README.md:675 (released models: "
+        "sequences up to 512)",
+    ),
+    (
+        "--mask-prob",
+        "0.15",
+        f"{BERT} create_pretraining_data.py:60 (masked_lm_prob); Devlin et al. 2019, §3.1",
+    ),
+    (
+        "--leave-unmasked-prob",
+        "0.1",
+        f"{BERT} create_pretraining_data.py:392-398 (80 % [MASK], then half of the rest kept)",
+    ),
+    (
+        "--random-token-prob",
+        "0.1",
+        f"{BERT} create_pretraining_data.py:399-401 (10 % a random token)",
+    ),
+    (
+        "--optimizer",
+        "adam",
+        f"{BERT} optimization.py:59-65 (AdamWeightDecayOptimizer: decoupled weight decay like "
+        "fairseq's adam; BERT's skips bias correction and exempts LayerNorm and bias from decay, "
+        "fairseq's does neither)",
+    ),
     ("--adam-betas", "(0.9, 0.999)", f"{BERT} optimization.py:62-63; {PAPER}"),
     ("--adam-eps", "1e-06", f"{BERT} optimization.py:64"),
     ("--weight-decay", "0.01", f"{BERT} optimization.py:61; {PAPER}"),
     ("--clip-norm", "1.0", f"{BERT} optimization.py:74 (clip_by_global_norm 1.0)"),
-    ("--lr", "0.0001",
-     f"{BERT} README.md:966-967 ('The learning rate we used in the paper was 1e-4'); {PAPER}"),
-    ("--lr-scheduler", "polynomial_decay",
-     f"{BERT} optimization.py:31-54 (linear warm-up, then linear decay to 0; BERT decays from "
-     "step 0 and the warm-up overrides it, fairseq decays from the end of the warm-up: at most "
-     "1 % apart)"),
+    (
+        "--lr",
+        "0.0001",
+        f"{BERT} README.md:966-967 ('The learning rate we used in the paper was 1e-4'); {PAPER}",
+    ),
+    (
+        "--lr-scheduler",
+        "polynomial_decay",
+        f"{BERT} optimization.py:31-54 (linear warm-up, then linear decay to 0; BERT decays from "
+        "step 0 and the warm-up overrides it, fairseq decays from the end of the warm-up: at most "
+        "1 % apart)",
+    ),
     ("--end-learning-rate", "0.0", f"{BERT} optimization.py:36"),
     ("--power", "1.0", f"{BERT} optimization.py:37"),
     ("--warmup-updates", "10000", f"{BERT} run_pretraining.py:72 (num_warmup_steps); {PAPER}"),
@@ -71,23 +101,39 @@ RECIPE: List[Tuple[str, Optional[str], str]] = [
     ("--dropout", "0.1", f"{BERT} modeling.py:41 (hidden_dropout_prob); {PAPER}"),
     ("--attention-dropout", "0.1", f"{BERT} modeling.py:42 (attention_probs_dropout_prob)"),
     ("--activation-dropout", "0.0", f"{BERT} modeling.py (no dropout inside the FFN)"),
-    ("--activation-fn", "gelu_accurate",
-     f"{BERT} modeling.py:264-277 (GELU, tanh form); {PAPER} ('gelu')"),
-    ("--layernorm-eps", "1e-12",
-     f"{BERT} modeling.py:362-365 (tf.contrib layer_norm, variance epsilon 1e-12)"),
+    (
+        "--activation-fn",
+        "gelu_accurate",
+        f"{BERT} modeling.py:264-277 (GELU, tanh form); {PAPER} ('gelu')",
+    ),
+    (
+        "--layernorm-eps",
+        "1e-12",
+        f"{BERT} modeling.py:362-365 (tf.contrib layer_norm, variance epsilon 1e-12)",
+    ),
     ("--required-batch-size-multiple", "1", f"{OURS}: batches of exactly --batch-size sequences"),
-    ("--save-interval-updates", "50000",
-     f"{OURS}: 20 checkpoints for the accuracy-vs-updates curve ({BERT} run_pretraining.py:74 "
-     "saves every 1,000 steps and keeps 5)"),
+    (
+        "--save-interval-updates",
+        "50000",
+        f"{OURS}: 20 checkpoints for the accuracy-vs-updates curve ({BERT} run_pretraining.py:74 "
+        "saves every 1,000 steps and keeps 5)",
+    ),
     ("--keep-interval-updates", "-1", f"{OURS}: every interval checkpoint is kept for evaluate.sh"),
-    ("--keep-last-epochs", "-1",
-     f"{OURS}: epoch checkpoints kept too (fairseq writes an interval checkpoint only mid-epoch: "
-     "an interval that ends an epoch is saved as checkpointN.pt)"),
+    (
+        "--keep-last-epochs",
+        "-1",
+        f"{OURS}: epoch checkpoints kept too (fairseq writes an interval checkpoint only mid-epoch: "
+        "an interval that ends an epoch is saved as checkpointN.pt)",
+    ),
     ("--log-format", "simple", f"{OURS}"),
     ("--log-interval", "100", f"{OURS}"),
 ]
 GPU_ONLY: List[Tuple[str, Optional[str], str]] = [
-    ("--fp16", None, f"{OURS} on GPU (BERT trained in float32 on TPUs); off with --cpu / --no-fp16"),
+    (
+        "--fp16",
+        None,
+        f"{OURS} on GPU (BERT trained in float32 on TPUs); off with --cpu / --no-fp16",
+    ),
 ]
 
 BATCH_SEQUENCES = 256  # Devlin et al. 2019, A.2: "batch size of 256 sequences"

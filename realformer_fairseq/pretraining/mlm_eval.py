@@ -77,8 +77,9 @@ def masked_heldout(
 ) -> MaskedSet:
     """Mask ``data_bin``'s ``subset`` as fairseq's ``masked_lm`` task does with BERT's masking,
     ``--sample-break-mode eos`` and ``tokens_per_sample``, with masking ``seed`` (epoch 1)."""
-    import realformer_fairseq  # noqa: F401  (fairseq patches, as under fairseq-train)
     from fairseq.tasks.masked_lm import MaskedLMConfig, MaskedLMTask
+
+    import realformer_fairseq  # noqa: F401  (fairseq patches, as under fairseq-train)
 
     if not os.path.isfile(os.path.join(data_bin, "dict.txt")):
         raise EvalError(f"{data_bin}: no dict.txt (not a masked_lm data-bin; run prepare.sh)")
@@ -103,7 +104,9 @@ def masked_heldout(
     batches = []
     n_counted = n_special = 0
     for start in range(0, len(dataset), batch_size):
-        sample = dataset.collater([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+        sample = dataset.collater(
+            [dataset[i] for i in range(start, min(start + batch_size, len(dataset)))]
+        )
         tokens, target = sample["net_input"]["src_tokens"], sample["target"]
         for row in range(tokens.size(0)):  # padding-free, in item order
             length = int(tokens[row].ne(pad).sum())
@@ -158,15 +161,18 @@ def load_model(path: str, masked: MaskedSet):
     """The model of the fairseq checkpoint ``path`` (any ``realformer_roberta`` / ``roberta``
     masked LM) in eval mode, and its update count; one-line errors for a checkpoint that does not
     fit the data-bin's dictionary."""
-    import realformer_fairseq  # noqa: F401  (registers the plugin's models)
     from fairseq import checkpoint_utils, tasks
+
+    import realformer_fairseq  # noqa: F401  (registers the plugin's models)
 
     if not os.path.isfile(path):
         raise EvalError(f"{path}: no such checkpoint")
     try:
         state = checkpoint_utils.load_checkpoint_to_cpu(path, {"data": masked.data_bin})
     except (OSError, RuntimeError, EOFError, ValueError) as err:
-        raise EvalError(f"{path}: cannot read the checkpoint ({str(err).splitlines()[0]})") from None
+        raise EvalError(
+            f"{path}: cannot read the checkpoint ({str(err).splitlines()[0]})"
+        ) from None
     cfg = state.get("cfg")
     if cfg is None or cfg.get("model") is None:
         raise EvalError(f"{path}: no model config in the checkpoint (not a fairseq checkpoint)")
