@@ -535,4 +535,9 @@ def test_casing_travels_with_the_checkpoint(imported, tmp_path):
     hub = load_hub(tmp_path)
     assert hub.bpe.tokenizer.lowercase is False
     assert hub.bpe.encode("The book") == "<unk> book"
-    assert "--wordpiece-cased" not in (tmp_path / "model_args.txt").read_text()
+    # model_args.txt repeats the tokenisation with its casing (a fine-tuning command that
+    # repeats it gives a checkpoint that knows it too)
+    for out_dir, case in ((imported[0], "--wordpiece-uncased"), (tmp_path, "--wordpiece-cased")):
+        args = (out_dir / "model_args.txt").read_text().split()
+        assert args[args.index("--bpe") :][:5] == [
+            "--bpe", "wordpiece", "--wordpiece-vocab", str(out_dir / "vocab.txt"), case]  # fmt: skip

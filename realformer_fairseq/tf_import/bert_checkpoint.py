@@ -490,8 +490,8 @@ def fairseq_train_args(
         "--wordpiece-vocab",
         os.path.join(data_dir, "vocab.txt"),
     ]
-    if not lowercase:
-        args.append("--wordpiece-cased")
+    # the casing, always explicit: it travels in cfg.bpe of model.pt and in model_args.txt
+    args.append("--wordpiece-uncased" if lowercase else "--wordpiece-cased")
     if residual_attention:
         args += [
             "--residual-attention",
@@ -505,26 +505,21 @@ def fairseq_train_args(
 
 
 MODEL_ARGS_FILE = "model_args.txt"
-# fairseq-train flags of the conversion that are not the model's (data, task, tokenisation)
-_NOT_MODEL_FLAGS = (
-    "--user-dir",
-    "--task",
-    "--criterion",
-    "--tokens-per-sample",
-    "--bpe",
-    "--wordpiece-vocab",
-)
+# fairseq-train flags of the conversion that are not the model's (data, task)
+_NOT_MODEL_FLAGS = ("--user-dir", "--task", "--criterion", "--tokens-per-sample")
 
 
 def model_args(train_args: List[str]) -> List[str]:
     """The model flags of ``train_args`` (``--arch`` and every option of the imported
-    model): what a ``fairseq-train --restore-file OUT_DIR/model.pt`` command must repeat,
-    written to ``OUT_DIR/model_args.txt``."""
+    model) and its tokenisation (``--bpe wordpiece --wordpiece-vocab OUT_DIR/vocab.txt`` with
+    ``--wordpiece-cased`` or ``--wordpiece-uncased``): what a ``fairseq-train --restore-file
+    OUT_DIR/model.pt`` command must repeat (the tokenisation too, so that the fine-tuned
+    checkpoint knows it), written to ``OUT_DIR/model_args.txt``."""
     out, i = [], 1  # train_args[0] is the data folder
     while i < len(train_args):
         flag = train_args[i]
         takes_value = i + 1 < len(train_args) and not train_args[i + 1].startswith("--")
-        if flag not in _NOT_MODEL_FLAGS and flag != "--wordpiece-cased":
+        if flag not in _NOT_MODEL_FLAGS:
             out += train_args[i : i + (2 if takes_value else 1)]
         i += 2 if takes_value else 1
     return out
