@@ -422,6 +422,33 @@ def test_readme_recipe_table_is_the_recipe_module():
     assert table in (GLUE / "README.md").read_text(encoding="utf-8")
 
 
+# GLUE's metric of each task (Wang et al. 2018, arXiv 1804.07461, Table 1), written out here
+GLUE_METRICS = {"CoLA": "mcc", "SST-2": "accuracy", "MRPC": "acc_and_f1",
+                "STS-B": "pearson_and_spearman", "QQP": "acc_and_f1", "MNLI": "accuracy",
+                "QNLI": "accuracy", "RTE": "accuracy", "WNLI": "accuracy"}  # fmt: skip
+
+
+def test_the_metric_that_selects_checkpoints_has_one_source(monkeypatch):
+    """Training (the recipe's --best-checkpoint-metric and the criterion flag that logs it) and
+    evaluation (evaluate.sh's selection, Task.primary) select by GLUE's metric of the task, read
+    from one table: changing it there changes both (before: recipes.BEST_METRIC and
+    glue_tools' Task.primary, two tables)."""
+    import dataclasses
+
+    recipes = pipeline_module("glue", "recipes")
+    glue_tasks = pipeline_module("glue", "glue_tasks")
+    for task, metric in GLUE_METRICS.items():
+        flags = {flag: value for flag, value, _ in recipes.recipe(task)}
+        assert flags["--best-checkpoint-metric"] == metric == glue_tasks.TASKS[task].primary
+        report = {"mcc": "--report-mcc", "acc_and_f1": "--report-acc-and-f1",
+                  "pearson_and_spearman": "--report-pearson-and-spearman"}.get(metric)  # fmt: skip
+        assert [f for f in flags if f.startswith("--report-")] == ([report] if report else [])
+    rte = dataclasses.replace(glue_tasks.TASKS["RTE"], primary="mcc")
+    monkeypatch.setitem(glue_tasks.TASKS, "RTE", rte)
+    flags = {flag: value for flag, value, _ in recipes.recipe("RTE")}
+    assert flags["--best-checkpoint-metric"] == "mcc" and "--report-mcc" in flags
+
+
 # ------------------------------------------------------------------ model flags of a checkpoint
 
 
