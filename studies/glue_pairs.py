@@ -70,16 +70,60 @@ def tatoeba_pairs(data_root: Path) -> List[Tuple[str, str]]:
     return pairs
 
 
-def labelled_pairs(pairs: Sequence[Tuple[str, str]], rng: random.Random):
-    """(label, English, second sentence), shuffled: half aligned pairs (1, the French
-    translation); a quarter given the French sentence of another pair of the split drawn at
-    random (0: a French sentence, not the translation); a quarter given the English sentence of
-    another pair (0: not even French). A model that only tells the second sentence's language
-    scores 75 %; above that it matches the two sentences."""
+TASK_KINDS = ("translation", "translation-french", "same-language", "any-french")
+
+
+def labelled_pairs(
+    pairs: Sequence[Tuple[str, str]], rng: random.Random, kind: str = "translation"
+):  # fmt: skip
+    """(label, first sentence, second sentence), shuffled. ``translation`` (the study's task):
+    English first; half aligned pairs (1, the French translation); a quarter given the French
+    sentence of another pair of the split drawn at random (0: a French sentence, not the
+    translation); a quarter given the English sentence of another pair (0: not even French). A
+    model that only tells the second sentence's language scores 75 %; above that it matches the
+    two sentences. ``translation-french``: every negative gets the French sentence of another
+    pair, so that the second sentence alone says nothing (50 %). ``same-language``: "are the two
+    sentences in the same language?", the first sentence English or French (alternately), the
+    second one a sentence of another pair, in the same language (1, half of the pairs) or the
+    other (0): either sentence alone says nothing (50 %), both together everything.
+    ``any-french``: "is one of the two sentences French?", half two English sentences (0), a
+    quarter a French first sentence, a quarter a French second one (1; the other sentence
+    English, of another pair): either sentence alone scores at most 75 %, both together 100 %."""
+    if kind not in TASK_KINDS:
+        raise runs.StudyError(f"kind must be one of {', '.join(TASK_KINDS)}, got {kind!r}")
     n = len(pairs)
+    if kind == "any-french":
+        out = []
+        for i, (e, f) in enumerate(pairs):
+            other_english = e
+            while other_english == e:
+                other_english = pairs[rng.randrange(n)][0]
+            if i < n // 2:
+                out.append(("0", e, other_english))
+            elif i % 2 == 0:
+                out.append(("1", f, other_english))
+            else:
+                other_french = f
+                while other_french == f:
+                    other_french = pairs[rng.randrange(n)][1]
+                out.append(("1", e, other_french))
+        rng.shuffle(out)
+        return out
+    if kind == "same-language":
+        out = []
+        for i, pair in enumerate(pairs):
+            first = i % 2  # English, French
+            same = i < n // 2
+            side = first if same else 1 - first
+            other = pair[side]
+            while other in pair:
+                other = pairs[rng.randrange(n)][side]
+            out.append(("1" if same else "0", pair[first], other))
+        rng.shuffle(out)
+        return out
     out = [("1", e, f) for e, f in pairs[: n // 2]]
     for i, (e, f) in enumerate(pairs[n // 2 :]):
-        side = 1 if i % 2 == 0 else 0  # French, English
+        side = 1 if i % 2 == 0 or kind == "translation-french" else 0  # French, English
         other = (e, f)[side]
         while other in (e, f):
             other = pairs[rng.randrange(n)][side]
@@ -88,10 +132,15 @@ def labelled_pairs(pairs: Sequence[Tuple[str, str]], rng: random.Random):
     return out
 
 
-def build_task(data_root: Path, out: Path, sizes: Dict[str, int], seed: int = 0) -> Dict:
+def build_task(
+    data_root: Path, out: Path, sizes: Dict[str, int], seed: int = 0, kind: str = "translation",
+    blank_first: bool = False,
+) -> Dict:  # fmt: skip
     """``out/MRPC/{train,dev,test}.tsv`` (MRPC's layout), ``out/test_labels.txt`` (the test
     labels the GLUE server would hold) and ``out/pretrain.raw`` (English and French lines of
-    other pairs, for masked_lm); sizes: pretrain, train, dev, test (pairs)."""
+    other pairs, for masked_lm); sizes: pretrain, train, dev, test (pairs); ``kind``: see
+    labelled_pairs; ``blank_first``: every first sentence replaced by "." (the ablation of a
+    model that sees only the second sentence)."""
     pairs = tatoeba_pairs(data_root)
     random.Random(seed).shuffle(pairs)
     need = sum(sizes.values())
@@ -103,7 +152,9 @@ def build_task(data_root: Path, out: Path, sizes: Dict[str, int], seed: int = 0)
     rng = random.Random(seed + 1)
     ids = iter(range(100000, 10**7))
     for split in ("train", "dev", "test"):
-        rows = labelled_pairs(pairs[start : start + sizes[split]], rng)
+        rows = labelled_pairs(pairs[start : start + sizes[split]], rng, kind)
+        if blank_first:
+            rows = [(q, ".", f) for q, _, f in rows]
         start += sizes[split]
         if split == "test":
             lines = [MRPC_TEST_HEADER] + [

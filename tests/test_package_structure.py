@@ -8,7 +8,7 @@ that a flag cannot be read (and defaulted) differently in two places.
 
 import argparse
 import ast
-import inspect
+import collections
 import sys
 from pathlib import Path
 
@@ -78,16 +78,21 @@ def test_the_import_graph_check_can_fail(tmp_path):
 
 
 class RecordingNamespace(argparse.Namespace):
-    """An argparse Namespace that records which plugin function reads each plugin flag."""
+    """An argparse Namespace that records which plugin function reads each plugin flag, and
+    how many times each flag is read by each."""
 
     def __getattribute__(self, name):
         if name in FLAG_KEYS:
-            readers = object.__getattribute__(self, "__dict__").setdefault("_readers", set())
+            own = object.__getattribute__(self, "__dict__")
+            readers = own.setdefault("_readers", set())
+            reads = own.setdefault("_reads", collections.Counter())
             frame = sys._getframe(1)
             while frame is not None and not frame.f_code.co_filename.startswith(str(PACKAGE)):
                 frame = frame.f_back
             if frame is not None:  # the innermost plugin function on the stack
-                readers.add(f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}")
+                reader = f"{Path(frame.f_code.co_filename).name}:{frame.f_code.co_name}"
+                readers.add(reader)
+                reads[name, reader] += 1
         return super().__getattribute__(name)
 
 
@@ -95,7 +100,13 @@ def build_family(arch: str, task):
     args = RecordingNamespace(arch=arch, _name=arch)
     ARCH_CONFIG_REGISTRY[arch](args)
     ARCH_MODEL_REGISTRY[arch].build_model(args, task)
-    return args.__dict__.get("_readers", set())
+    return args.__dict__.get("_readers", set()), args
+
+
+def settings_reads(args) -> dict:
+    """flag -> how many times the settings reader's accessor read it."""
+    reads = args.__dict__.get("_reads", {})
+    return {key: reads.get((key, "settings.py:config_value"), 0) for key in sorted(FLAG_KEYS)}
 
 
 def tasks():
@@ -118,16 +129,16 @@ def test_every_family_reads_the_flags_in_one_function(arch):
     """Besides the architecture functions, which only fill in defaults, the one plugin
     function that reads a plugin flag from the model config is the settings reader."""
     torch.manual_seed(0)
-    readers = build_family(arch, tasks()[arch])
+    readers, args = build_family(arch, tasks()[arch])
     assert "settings.py:config_value" in readers  # read_realformer_settings' accessor
     defaults = {"architectures.py:set_defaults", "architectures.py:realformer_flag_defaults"}
     assert readers - defaults == {"settings.py:config_value"}, readers
-    assert (
-        inspect.getsource(realformer_fairseq.settings.read_realformer_settings).count(
-            "config_value("
-        )
-        == 2
-    )  # the flags, and the normalize_before flags ADMIN's refusal needs
+    # each flag read once per build: not skipped (0, a flag the table lost) and not read again
+    # by a second caller of the reader, which could default it otherwise (2)
+    assert settings_reads(args) == {key: 1 for key in sorted(FLAG_KEYS)}
+    # ... which a second reading of the settings during the build would break
+    realformer_fairseq.settings.read_realformer_settings(args)
+    assert set(settings_reads(args).values()) == {2}
 
 
 PATCH_PROBE = """
