@@ -28,8 +28,9 @@ setup(
         # first with torch.serialization.safe_globals, which checkpoint_compat and
         # realformer-average-checkpoints load every checkpoint with (weights_only=True)
         "torch>=2.5,<2.15",
-        # numpy 1.x and 2.x: the few numpy aliases fairseq 0.12 names that the running numpy
-        # lacks are supplied to those fairseq modules only (numpy_compat.py); checkpoint_compat
+        # numpy 1.x and 2.x: what fairseq 0.12 asks of numpy that the running numpy removed (a
+        # few aliases, one keyword) is supplied to those fairseq modules only (numpy_compat.py);
+        # checkpoint_compat names numpy's pickling functions under both numpy 1 and 2 and
         # allow-lists np.dtypes.*DType (pickled into checkpoints), new in numpy 1.25
         "numpy>=1.25",
         "sacrebleu>=2.0",
