@@ -30,9 +30,11 @@ setup(
         # first with torch.serialization.safe_globals, which checkpoint_compat and
         # realformer-average-checkpoints load every checkpoint with (weights_only=True)
         "torch>=2.5,<2.15",
-        # fairseq 0.12 uses np.compat.long / np.int, which numpy 2 removed; checkpoint_compat
+        # numpy 1.x and 2.x: what fairseq 0.12 asks of numpy that the running numpy removed (a
+        # few aliases, one keyword) is supplied to those fairseq modules only (numpy_compat.py);
+        # checkpoint_compat names numpy's pickling functions under both numpy 1 and 2 and
         # allow-lists np.dtypes.*DType (pickled into checkpoints), new in numpy 1.25
-        "numpy>=1.25,<2",
+        "numpy>=1.25",
         "sacrebleu>=2.0",
         # realformer_pipelines/moses.py makes 0.2.0's output equal to Moses perl (tested)
         "sacremoses==0.2.0",

@@ -5,6 +5,9 @@ torch 2.6 made ``torch.load(weights_only=True)`` the default. fairseq 0.12's
 argument, and its checkpoints hold more than tensors (the training config as an
 ``argparse.Namespace`` or an omegaconf ``DictConfig``, meters, numpy scalars), so
 ``fairseq-generate``/``fairseq-train --restore-file`` fail to unpickle them.
+A checkpoint also names numpy's pickling functions by module (``numpy.core.multiarray`` when
+numpy 1.x wrote it, ``numpy._core.multiarray`` under numpy 2): the allow-list names both, so a
+checkpoint written on a numpy 1.26 CPU box loads on a numpy 2 GPU box and back.
 
 This is the one place the plugin handles it: importing the plugin (which every
 fairseq command does for ``--user-dir``) wraps ``load_checkpoint_to_cpu`` so that
@@ -38,6 +41,26 @@ from .errors import RealformerCheckpointError, one_line_under_fairseq_commands
 _PATCHED_FLAG = "_realformer_safe_globals"
 
 
+# the module numpy's pickles name for its pickling functions: numpy 1.x writes ``numpy.core``,
+# numpy 2 ``numpy._core`` (numpy 1.26 can resolve both, numpy 2 warns on the old one)
+NUMPY_CORE_SPELLINGS = ("numpy.core", "numpy._core")
+
+
+def numpy_pickle_functions() -> list:
+    """The running numpy's functions that rebuild a numpy scalar (``multiarray.scalar``) and an
+    array (``multiarray._reconstruct``), allow-listed under the names both numpy 1.x and numpy 2
+    write into a pickle: a checkpoint written under either numpy loads under the other.
+    (torch's allow-list matches a pickled global by its name; each function is taken from a
+    value's ``__reduce__``, so no deprecated ``numpy.core`` module is touched.)"""
+    scalar = np.float64(0.0).__reduce__()[0]
+    reconstruct = np.zeros(1).__reduce__()[0]
+    return [
+        (function, f"{core}.multiarray.{name}")
+        for function, name in ((scalar, "scalar"), (reconstruct, "_reconstruct"))
+        for core in NUMPY_CORE_SPELLINGS
+    ]
+
+
 def fairseq_checkpoint_globals() -> list:
     """Types fairseq 0.12 pickles into its checkpoints besides tensors."""
     from fairseq import meters
@@ -65,8 +88,7 @@ def fairseq_checkpoint_globals() -> list:
         nodes.EnumNode,
         np.dtype,
         np.ndarray,
-        np.core.multiarray.scalar,
-        np.core.multiarray._reconstruct,
+        *numpy_pickle_functions(),
         np.float64,
         np.float32,
         np.int64,

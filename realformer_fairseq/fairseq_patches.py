@@ -3,12 +3,15 @@
 fairseq imports a ``--user-dir`` plugin inside each console command before it reads a
 checkpoint or an input line, and offers no extension point for either, so these three
 fairseq functions are wrapped or replaced (each wrapper is idempotent, calls fairseq's own function and
-changes only what its module docstring says). Nothing else in fairseq is changed:
+changes only what its module docstring says), and the fairseq modules that ask for a numpy alias
+the running numpy no longer has (or a keyword it no longer takes) get their own ``np`` with it
+(nothing where numpy has it; the one alias not supplied, and why: :mod:`.numpy_compat`).
+Nothing else in fairseq is changed:
 ``tests/test_package_structure.py::test_importing_the_plugin_changes_only_the_listed_fairseq_functions``
 compares every attribute of every loaded fairseq module before and after the import.
 
 =========================================  =============================================  ==========================
-wrapped                                    fairseq 0.12.3 bug it works around             module
+wrapped or replaced                        fairseq 0.12.3 bug it works around             module
 =========================================  =============================================  ==========================
 ``fairseq.checkpoint_utils.                torch >= 2.6 loads with ``weights_only=True``;  :mod:`.checkpoint_compat`
 load_checkpoint_to_cpu``                   fairseq's checkpoints hold a Namespace /
@@ -27,15 +30,27 @@ is loaded, i.e. under that command)        with a traceback and the rest of the 
                                            a ``UnicodeDecodeError`` before any line is
                                            translated. Reads the same buffers, with
                                            U+FFFD and one warning for such a byte.
+``np`` of ``fairseq.data.``                fairseq 0.12.3 asks numpy for what numpy has   :mod:`.numpy_compat`
+``token_block_dataset`` and                removed: ``np.compat.long`` (numpy 2.0;
+``language_pair_dataset`` (numpy >= 2),    reached by ``--sample-break-mode eos`` and
+``data_utils`` (numpy >= 2.4), and         ``--num-batch-buckets``), ``np.percentile``'s
+``fairseq.modules.dynamic_crf_layer``      ``interpolation=`` (numpy 2.4; also
+(numpy >= 1.24): replaced only where       ``--num-batch-buckets``), ``np.float``
+the running numpy lacks what the module    (numpy 1.24; ``DynamicCRF``): an
+needs                                      ``AttributeError`` / ``TypeError``. That
+                                           module's ``np`` becomes numpy's namespace
+                                           plus what numpy 1.x gave (``int``, ``float``,
+                                           ``interpolation=`` as ``method=``); numpy
+                                           itself is not changed.
 =========================================  =============================================  ==========================
 
 Registering the plugin's models, architectures, criterion, optimizer and BPE (``wordpiece``) in fairseq's
 registries is what ``--user-dir`` asks for, and is not a patch.
 """
 
-from . import checkpoint_compat, interactive_compat
+from . import checkpoint_compat, interactive_compat, numpy_compat
 
-PATCHES = (checkpoint_compat, interactive_compat)
+PATCHES = (checkpoint_compat, interactive_compat, numpy_compat)
 
 
 def install():

@@ -168,6 +168,44 @@ def check_ci(block, **_):
             assert re.search(rf"run_pytest {re.escape(selection)}\s", ci), (selection, ci)
 
 
+def check_install_into_env(block, tmp_path, **_):
+    """scripts/install_into_env.sh as printed, with --dry-run, in this environment: this
+    environment's own torch / torchaudio / numpy / scipy / scikit-learn become pip's constraints
+    and the plugin is installed with the printed extras; without torch it stops with one line.
+    (The install itself fetches fairseq, so no test runs it: docs/reference.md#install-details.)"""
+    from importlib import metadata
+
+    (command,) = commands_of(block[3])
+    words, name = program(command)
+    assert name == "install_into_env.sh" and command[0] == "PYTHON=python3", command
+    extras = words[2:]
+    setup = (REPO_ROOT / "setup.py").read_text(encoding="utf-8")
+    assert all(f'"{e}": [' in setup for x in extras for e in x.split(",")), extras
+    script = [str(REPO_ROOT / "scripts" / "install_into_env.sh")]
+    out = subprocess.run(
+        ["bash", *script, "--dry-run", *extras],
+        env=dict(os.environ, PYTHON=sys.executable),
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    kept = []
+    for package in ("torch", "torchaudio", "numpy", "scipy", "scikit-learn"):
+        try:
+            kept.append(f"{package}=={metadata.version(package)}")
+        except metadata.PackageNotFoundError:
+            pass
+    assert re.search(r"keeping (.*)", out).group(1).split() == kept
+    pip = rf"{re.escape(sys.executable)} -m pip install .*-c \S+ -e {re.escape(str(REPO_ROOT))}"
+    assert re.search(rf"would run: {pip}\[{re.escape(extras[0])}\]$", out, re.M), out
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", bare], check=True)
+    proc = subprocess.run(
+        ["bash", *script, *extras], env=dict(os.environ, PYTHON=str(bare / "bin" / "python")),
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 1 and proc.stdout == "", proc
+    assert len(proc.stderr.splitlines()) == 1 and "has no torch" in proc.stderr
+
+
 def check_quickstart(block, layout, **_):
     """The quick start ran in the fixture (40 updates): here only that the block is that
     command."""
@@ -476,6 +514,7 @@ def check_tf_finetune(block, layout, **_):
 CHECKERS = [
     ("ci", check_ci, r"^(bash scripts/install\.sh|\.venv/bin/python -m pytest)"),
     ("quickstart", check_quickstart, r"^bash scripts/quickstart\.sh"),
+    ("install-into-env", check_install_into_env, r"bash scripts/install_into_env\.sh"),
     ("torchrun-cpu", check_torchrun_cpu, r"torchrun --nproc_per_node 2 --no-python"),
     ("readme", check_readme_run, r"quickstart/"),
     ("tf-import", check_tf_import, r"^\.venv/bin/realformer-import-tf "),
