@@ -60,6 +60,7 @@ from .architectures import register_family_architectures, register_family_base_a
 from .build_checks import arch_label, check_layers_match_settings, settings_for_build
 from .checkpoint_guard import ArchCheckedLoadMixin
 from .realformer_transformer import RealformerTransformerEncoder
+from .span_heads import SpanHeadMixin
 
 logger = logging.getLogger(__name__)
 
@@ -176,11 +177,12 @@ class RealformerRobertaEncoder(RobertaEncoder):
 
 @register_model("realformer_roberta")
 class RealformerRobertaModel(
-    RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel
+    SpanHeadMixin, RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel
 ):
     """fairseq's :class:`RobertaModel` with RealFormer residual attention in its
     encoder and optional ADMIN initialisation (profiled on the first training
-    batch of ``masked_lm`` or ``sentence_prediction``, or closed form).
+    batch of ``masked_lm`` or ``sentence_prediction``, or closed form), and span heads for
+    SQuAD (``models/span_heads.py``, registered by the plugin's ``squad`` task).
 
     Like fairseq 0.12.3's ``RobertaModel``, it does not compile with TorchScript (its
     ``forward`` takes ``**kwargs``)."""
