@@ -406,7 +406,7 @@ sys.path.insert(0, str(REPO_ROOT / "examples" / "squad"))
     ("2.0", 130319, 24, 10859, 1085),
 ])  # fmt: skip
 def test_recipe_is_berts(version, examples, batch, updates, warmup):
-    import recipe as squad_recipe
+    import recipes as squad_recipe
 
     flags = {f: v for f, v, _ in squad_recipe.recipe(version, examples)}
     assert flags["--batch-size"] == str(batch)
@@ -433,7 +433,7 @@ def test_recipe_is_berts(version, examples, batch, updates, warmup):
 def test_recipe_sources_quote_berts_files():
     """Each cited line of google-research/bert holds the value (the lines as in commit
     eedf571, written here): README.md's SQuAD commands and run_squad.py's flags."""
-    import recipe as squad_recipe
+    import recipes as squad_recipe
 
     readme = {535: "--train_batch_size=12", 536: "--learning_rate=3e-5", 537: "--num_train_epochs=2.0",
               538: "--max_seq_length=384", 539: "--doc_stride=128", 618: "--train_batch_size=24",

@@ -2,16 +2,21 @@
 model's answers in BERT's formats (google-research/bert ``run_squad.py``, the fine-tuning
 RealFormer, He et al. 2020, arXiv 2012.11747, reports SQuAD with).
 
-``realformer-squad features --input train-v2.0.json --subset train --training --dest DATA_BIN
---vocab MODEL/vocab.txt [--dict MODEL/dict.txt] [--cased | --uncased]``: the windows of every
+``realformer-squad features --train-file train-v2.0.json --predict-file dev-v2.0.json --dest
+DATA_BIN --vocab MODEL/vocab.txt [--dict MODEL/dict.txt] [--cased | --uncased]`` (run_squad.py's
+``--train_file`` / ``--predict_file``: subsets ``train`` and ``valid``): the windows of every
 question (:mod:`realformer_fairseq.squad.features`) as fairseq token ids, labels and the record
 decoding needs (:mod:`realformer_fairseq.squad.data_bin`). Every subset of a data-bin has the
 same settings (version, casing, pair layout, lengths, vocabulary, dictionary): another one stops
 with one line.
 
-``realformer-squad predict --checkpoint CKPT --data-bin DATA_BIN --subset valid --out-dir DIR``:
-``predictions.json``, ``nbest_predictions.json`` and (v2.0) ``null_odds.json``
-(:mod:`realformer_fairseq.squad.decoding`); score them with ``realformer-squad-eval``.
+``realformer-squad predict --checkpoint CKPT --data-bin DATA_BIN --subset valid --out-dir DIR
+[--score [--tune-threshold]]``: ``predictions.json``, ``nbest_predictions.json`` and (v2.0)
+``null_odds.json`` (:mod:`realformer_fairseq.squad.decoding`); with ``--score``, their official
+scores against the subset's SQuAD file (``scores.json``, and one line each on stdout), with
+``--tune-threshold`` (v2.0) the answers again at the official ``best_f1_thresh``, as BERT's
+README tunes ``--null_score_diff_threshold``. ``realformer-squad-eval`` scores any prediction
+file.
 
 A subword-nmt model is refused: SQuAD answers are character spans of the raw context, and the
 project's subword-nmt models read Moses-tokenised text (escapes, ``@-@``, normalised quotes and
@@ -22,6 +27,7 @@ package has them.
 import argparse
 import logging
 import os
+import shutil
 import sys
 from typing import Optional, Sequence
 
@@ -34,21 +40,20 @@ VERSIONS = ("1.1", "2.0")
 def get_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    f = sub.add_parser("features", help="a SQuAD file -> one subset of a SQuAD data-bin")
-    f.add_argument("--input", required=True, help="SQuAD JSON file (train-v1.1.json ...)")
-    f.add_argument("--subset", required=True, help="fairseq subset name (train, valid, ...)")
+    f = sub.add_parser("features", help="SQuAD files -> a SQuAD data-bin")
+    f.add_argument("--train-file", help="SQuAD JSON to train on (train-v1.1.json ...): subset "
+                   "train, with answer labels (run_squad.py's is_training)")  # fmt: skip
+    f.add_argument("--predict-file", help="SQuAD JSON to predict (dev-v2.0.json ...): subset "
+                   "valid")  # fmt: skip
     f.add_argument("--dest", required=True, help="the data-bin folder")
-    f.add_argument("--training", action="store_true",
-                   help="training features (answer labels; run_squad.py's is_training)")  # fmt: skip
     f.add_argument("--version", choices=VERSIONS,
-                   help="SQuAD version (default: the file's 'version'; checked against it)")  # fmt: skip
+                   help="SQuAD version (default: the files' 'version'; checked against it)")  # fmt: skip
     f.add_argument("--vocab", required=True, help="the model's WordPiece vocab.txt")
     f.add_argument("--dict", help="the model's fairseq dict.txt (default: dict.txt beside --vocab)")
     case = f.add_mutually_exclusive_group()
     case.add_argument("--cased", action="store_true", help="cased model")
-    case.add_argument(
-        "--uncased", action="store_true", help="uncased model (lower-case, strip accents)"
-    )
+    case.add_argument("--uncased", action="store_true",
+                      help="uncased model (lower-case, strip accents)")  # fmt: skip
     f.add_argument("--pair-layout", choices=("bert", "roberta"), default="bert",
                    help="bert: <s> q </s> c </s> (BERT's; models with token types); "
                    "roberta: <s> q </s> </s> c </s>")  # fmt: skip
@@ -66,9 +71,14 @@ def get_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpu", action="store_true")
     p.add_argument("--n-best-size", type=int, help="default: the checkpoint's (20)")
     p.add_argument("--max-answer-length", type=int, help="default: the checkpoint's (30)")
-    p.add_argument(
-        "--null-score-diff-threshold", type=float, help="default: the checkpoint's (0.0)"
-    )
+    p.add_argument("--null-score-diff-threshold", type=float,
+                   help="default: the checkpoint's (0.0)")  # fmt: skip
+    p.add_argument("--score", action="store_true",
+                   help="score the answers (the official rules) against the subset's SQuAD file: "
+                   "OUT_DIR/scores.json")  # fmt: skip
+    p.add_argument("--tune-threshold", action="store_true",
+                   help="v2.0, with --score: also answer with the threshold of the official "
+                   "best_f1_thresh (BERT's README) into OUT_DIR/best_f1_thresh/")  # fmt: skip
     return parser
 
 
@@ -92,14 +102,20 @@ def cmd_features(args):
     from ..atomic_files import write_json_atomic
     from ..squad import data_bin as squad_data_bin
     from ..squad.features import FeatureSettings, SquadDataError, build_squad_set, load_squad_json
-    from ..tf_import.wordpiece import (
-        BertTextTokenizer,
-        WordPieceVocabulary,
-        resolve_lowercase,
-    )
+    from ..tf_import.wordpiece import BertTextTokenizer, WordPieceVocabulary, resolve_lowercase
 
-    data = load_squad_json(args.input)
-    version = resolve_version(data, args.input, args.version)
+    jobs = [(path, subset, training) for path, subset, training in
+            ((args.train_file, "train", True), (args.predict_file, "valid", False)) if path]  # fmt: skip
+    if not jobs:
+        raise SquadDataError("give --train-file and/or --predict-file")
+    files = {path: load_squad_json(path) for path, _, _ in jobs}
+    versions = {path: resolve_version(data, path, args.version) for path, data in files.items()}
+    if len(set(versions.values())) > 1:
+        raise SquadDataError(
+            "the files are of different SQuAD versions: "
+            + ", ".join(f"{path} {v}" for path, v in versions.items())
+        )
+    version = versions[jobs[0][0]]
     settings = FeatureSettings(args.max_seq_length, args.doc_stride, args.max_query_length,
                                args.pair_layout).check(args.model_positions)  # fmt: skip
     dict_path = args.dict or os.path.join(os.path.dirname(args.vocab), "dict.txt")
@@ -129,48 +145,58 @@ def cmd_features(args):
         if differ:
             k = differ[0]
             raise SquadDataError(
-                f"{settings_path}: made with {k} {existing.get(k)}, this subset has "
+                f"{settings_path}: made with {k} {existing.get(k)}, these files give "
                 f"{record[k]} (every subset of a data-bin has the same settings; use another --dest)"
             )
         subsets = existing["subsets"]
-    squad_set = build_squad_set(args.input, tokenizer, settings, version == "2.0", args.training,
-                                data=data)  # fmt: skip
-    if not squad_set.examples:
-        raise SquadDataError(f"{args.input}: no questions to make features of")
     os.makedirs(args.dest, exist_ok=True)
-    import shutil
-
     for src, name in ((args.vocab, "vocab.txt"), (dict_path, "dict.txt")):
-        target = os.path.join(args.dest, name)
-        if not os.path.exists(target):
-            shutil.copyfile(src, target + ".tmp")
-            os.replace(target + ".tmp", target)
-    counts = squad_data_bin.write_subset(args.dest, args.subset, squad_set, dictionary)
-    subsets[args.subset] = dict(
-        source=os.path.abspath(args.input), source_sha256=squad_data_bin.sha256_of(args.input),
-        training=args.training, **counts,
-        skipped_ids=[s["id"] for s in squad_set.skipped],
-    )  # fmt: skip
+        shutil.copyfile(src, os.path.join(args.dest, name + ".tmp"))
+        os.replace(os.path.join(args.dest, name + ".tmp"), os.path.join(args.dest, name))
+    for path, subset, training in jobs:
+        squad_set = build_squad_set(path, tokenizer, settings, version == "2.0", training,
+                                    data=files[path])  # fmt: skip
+        if not squad_set.examples:
+            raise SquadDataError(f"{path}: no questions to make features of")
+        counts = squad_data_bin.write_subset(args.dest, subset, squad_set, dictionary)
+        subsets[subset] = dict(
+            source=os.path.abspath(path), source_sha256=squad_data_bin.sha256_of(path),
+            training=training, **counts, skipped_ids=[s["id"] for s in squad_set.skipped],
+        )  # fmt: skip
+        kind = "training" if training else "prediction"
+        if training:
+            impossible = sum(e.is_impossible for e in squad_set.examples)
+            kind += f", {impossible} without answer, {counts['skipped']} skipped"
+        print(f"{PROG}: {path} -> {args.dest}/{subset}: SQuAD v{version}, {counts['examples']} "
+              f"questions ({kind}), {counts['features']} windows of at most "
+              f"{settings.max_seq_length} tokens, {record['casing']} WordPiece", file=sys.stderr)  # fmt: skip
     record["subsets"] = subsets
     write_json_atomic(settings_path, record)
-    kind = "training" if args.training else "prediction"
-    if args.training:
-        impossible = sum(e.is_impossible for e in squad_set.examples)
-        kind += f", {impossible} without answer, {counts['skipped']} skipped"
-    print(f"{PROG}: {args.input} -> {args.dest}/{args.subset}: SQuAD v{version}, "
-          f"{counts['examples']} questions ({kind}), {counts['features']} windows of at most "
-          f"{settings.max_seq_length} tokens, {record['casing']} WordPiece", file=sys.stderr)  # fmt: skip
 
 
 def cmd_predict(args):
     from ..squad.predict import predict_subset
 
-    files = predict_subset(args.checkpoint, args.data_bin, args.subset, args.out_dir,
-                           batch_size=args.batch_size, cpu=args.cpu,
-                           n_best_size=args.n_best_size, max_answer_length=args.max_answer_length,
-                           null_score_diff_threshold=args.null_score_diff_threshold)  # fmt: skip
-    for path in files:
-        print(path)
+    import json
+
+    results = predict_subset(args.checkpoint, args.data_bin, args.subset, args.out_dir,
+                             batch_size=args.batch_size, cpu=args.cpu,
+                             n_best_size=args.n_best_size, max_answer_length=args.max_answer_length,
+                             null_score_diff_threshold=args.null_score_diff_threshold,
+                             score=args.score, tune_threshold=args.tune_threshold)  # fmt: skip
+    if args.tune_threshold and results["squad_version"] != "2.0":
+        print(
+            f"{PROG}: warning: --tune-threshold: SQuAD v1.1 has no null threshold", file=sys.stderr
+        )
+    for run in results.get("runs", []):
+        how = f" ({run['chosen_by'].split(' of ')[0]})" if "chosen_by" in run else ""
+        print(
+            f"{results['data']} null threshold {run['null_score_diff_threshold']:g}{how}, "
+            f"answers in {run['dir']}: {json.dumps(run['scores'])}"
+        )
+    if not args.score:
+        for path in results["files"]:
+            print(path)
 
 
 @exit_with_one_line(PROG)

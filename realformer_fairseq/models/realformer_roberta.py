@@ -324,15 +324,22 @@ class RealformerRobertaModel(
         :class:`RealformerRobertaHubInterface`; fairseq's always overrides the BPE.
 
         ``bpe="auto"`` (the default): a folder written by ``realformer-import-tf`` (it has
-        ``vocab.txt``) keeps the checkpoint's own BPE (``wordpiece``, cased or not as
-        converted) with that folder's ``vocab.txt``; any other folder gets fairseq's default,
-        ``gpt2``."""
+        ``vocab.txt``), or a model whose ``data_name_or_path`` has one (a SQuAD data-bin), keeps
+        the checkpoint's own BPE (``wordpiece``, cased or not as converted) with that
+        ``vocab.txt``; any other folder gets fairseq's default, ``gpt2``."""
         from .hub_interface import RealformerRobertaHubInterface, warn_if_not_plugin_model
 
         if bpe == "auto":
-            vocab = os.path.join(str(model_name_or_path), "vocab.txt")
-            if os.path.exists(vocab):
-                kwargs.setdefault("wordpiece_vocab", os.path.abspath(vocab))
+            folders = [str(model_name_or_path)]
+            data = str(data_name_or_path)
+            if data != ".":  # as fairseq's hub_utils resolves it
+                folders.append(
+                    os.path.join(str(model_name_or_path), data) if data.startswith(".") else data
+                )
+            vocabs = [os.path.join(f, "vocab.txt") for f in folders]
+            vocabs = [v for v in vocabs if os.path.exists(v)]
+            if vocabs:
+                kwargs.setdefault("wordpiece_vocab", os.path.abspath(vocabs[0]))
             else:
                 kwargs["bpe"] = "gpt2"
         else:

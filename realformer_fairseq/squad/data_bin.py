@@ -97,6 +97,21 @@ def write_subset(data_bin: str, subset: str, squad_set: SquadSet, dictionary) ->
             "skipped": len(squad_set.skipped), "pieces_not_in_dictionary": unknown}  # fmt: skip
 
 
+def read_source(settings: dict, subset: str) -> dict:
+    """The SQuAD file a subset was made from (for scoring), unchanged since (its checksum)."""
+    from .features import load_squad_json
+
+    entry = settings["subsets"][subset]
+    path = entry["source"]
+    if not os.path.isfile(path):
+        raise SquadDataError(f"{path}: missing (the SQuAD file subset {subset} was made from)")
+    if sha256_of(path) != entry["source_sha256"]:
+        raise SquadDataError(
+            f"{path}: changed since subset {subset} was made from it (prepare again)"
+        )
+    return load_squad_json(path)
+
+
 def read_feature_table(data_bin: str, subset: str) -> np.ndarray:
     path = os.path.join(data_bin, f"{subset}.features.npy")
     try:

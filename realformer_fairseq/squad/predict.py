@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..atomic_files import write_text_atomic
+from ..atomic_files import write_json_atomic, write_text_atomic
 from . import data_bin as squad_data_bin
 from .decoding import decode
 from .features import SquadSet, example_features, piece_ids
@@ -75,15 +75,24 @@ def predict_subset(
     n_best_size: Optional[int] = None,
     max_answer_length: Optional[int] = None,
     null_score_diff_threshold: Optional[float] = None,
-):
+    score: bool = False,
+    tune_threshold: bool = False,
+) -> dict:
     """A fine-tuned checkpoint's answers to a prepared subset of ``data_bin`` (the data-bin
-    given, whatever the checkpoint was trained on), written in run_squad.py's formats."""
+    given, whatever the checkpoint was trained on), written in run_squad.py's formats into
+    ``out_dir``. With ``score``: scored by the official rules against the subset's SQuAD file
+    (``out_dir/scores.json``); with ``tune_threshold`` (v2.0) also answered again with the
+    official ``best_f1_thresh`` as the null threshold (BERT's README) into
+    ``out_dir/best_f1_thresh/``. Returns what scores.json holds."""
     from fairseq import checkpoint_utils
 
     from ..errors import RealformerConfigError
 
-    squad_data_bin.check_data_bin(data_bin, [subset])
+    data_settings = squad_data_bin.check_data_bin(data_bin, [subset])
     data_bin = os.path.abspath(data_bin)
+    if score:
+        source = data_settings["subsets"][subset]["source"]
+        gold = squad_data_bin.read_source(data_settings, subset)
     state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
     task_name = state["cfg"]["task"]["_name"]
     if task_name != "squad":
@@ -108,14 +117,38 @@ def predict_subset(
         null_score_diff_threshold=(task.cfg.null_score_diff_threshold
                                    if null_score_diff_threshold is None else null_score_diff_threshold),
     )  # fmt: skip
+    with_negative = task.version_2_with_negative
     predictions, nbest, null_odds = decode(
-        squad_set, logits, version_2_with_negative=task.version_2_with_negative, **settings
+        squad_set, logits, version_2_with_negative=with_negative, **settings
     )
-    files = write_prediction_files(out_dir, predictions, nbest, null_odds,
-                                   task.version_2_with_negative)  # fmt: skip
+    files = write_prediction_files(out_dir, predictions, nbest, null_odds, with_negative)
     logger.info("%s: answered %d questions of %s (%d windows) into %s", checkpoint,
                 len(predictions), subset, len(logits), out_dir)  # fmt: skip
-    return files
+    results = {"checkpoint": os.path.abspath(checkpoint), "data_bin": data_bin, "subset": subset,
+               "squad_version": str(task.cfg.squad_version), "files": files}  # fmt: skip
+    if not score:
+        return results
+    from .evaluation import evaluate
+
+    results["data"] = source
+    na = null_odds if with_negative else None
+    results["runs"] = [{"null_score_diff_threshold": settings["null_score_diff_threshold"],
+                        "dir": os.path.abspath(out_dir),
+                        "scores": evaluate(gold["data"], predictions, na, data_path=source,
+                                           pred_path=files[0])}]  # fmt: skip
+    if tune_threshold and with_negative:
+        best = results["runs"][0]["scores"]["best_f1_thresh"]
+        settings["null_score_diff_threshold"] = best
+        predictions, nbest, null_odds = decode(squad_set, logits, version_2_with_negative=True,
+                                               **settings)  # fmt: skip
+        tuned_dir = os.path.join(out_dir, "best_f1_thresh")
+        tuned = write_prediction_files(tuned_dir, predictions, nbest, null_odds, True)
+        results["runs"].append({"null_score_diff_threshold": best, "dir": os.path.abspath(tuned_dir),
+                                "chosen_by": "best_f1_thresh of the run above (BERT's README)",
+                                "scores": evaluate(gold["data"], predictions, null_odds,
+                                                   data_path=source, pred_path=tuned[0])})  # fmt: skip
+    write_json_atomic(os.path.join(out_dir, "scores.json"), results)
+    return results
 
 
 def answer(hub, question: str, context: str, n_best_size: Optional[int] = None,
