@@ -489,3 +489,121 @@ def test_span_head_loss_is_run_squads(tmp_path):
         for k in (0, 1):
             expected -= torch.log_softmax(logits[b, :n, k], -1)[target[b, k]] / 2
     assert size == 2 and float(loss) == pytest.approx(float(expected), rel=1e-6)
+
+
+# ------------------------------------------------------------------ the model: span heads
+
+
+@pytest.fixture(scope="module")
+def tiny_squad(tmp_path_factory):
+    """The TF fixture imported (a model written by Google's realformer.py code, 64 positions,
+    uncased 71-token vocabulary) and a small SQuAD v2.0 data-bin of its vocabulary."""
+    from realformer_fairseq.cli import squad as squad_cli
+    from realformer_fairseq.tf_import.bert_checkpoint import convert_checkpoint
+
+    from harness import realformer_tf_fixture
+
+    root = tmp_path_factory.mktemp("tiny_squad")
+    convert_checkpoint(str(realformer_tf_fixture("model.ckpt")), str(realformer_tf_fixture("bert_config.json")),
+                       str(realformer_tf_fixture("vocab.txt")), str(root / "model"))  # fmt: skip
+    context = "the cat sat on the mat . she read the book ."
+    qas = [
+        {"id": "a", "question": "who sat?", "answers": [{"text": "the cat", "answer_start": 0}],
+         "is_impossible": False},
+        {"id": "b", "question": "the fox?", "answers": [], "is_impossible": True},
+    ]  # fmt: skip
+    data = {
+        "version": "v2.0",
+        "data": [{"title": "t", "paragraphs": [{"context": context, "qas": qas}]}],
+    }
+    (root / "train.json").write_text(json.dumps(data))
+    assert squad_cli.main(["features", "--train-file", str(root / "train.json"), "--predict-file",
+                           str(root / "train.json"), "--dest", str(root / "bin"), "--vocab",
+                           str(root / "model" / "vocab.txt"), "--max-seq-length", "32",
+                           "--doc-stride", "8", "--max-query-length", "8"]) == 0  # fmt: skip
+    return root
+
+
+def squad_model(root):
+    """The imported model built by task squad (span head registered), weights from model.pt."""
+    from fairseq import checkpoint_utils, tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from omegaconf import open_dict
+
+    state = checkpoint_utils.load_checkpoint_to_cpu(str(root / "model" / "model.pt"))
+    cfg = state["cfg"]
+    with open_dict(cfg):
+        cfg.task = convert_namespace_to_omegaconf(
+            __import__("argparse").Namespace(task="squad", data=str(root / "bin"))
+        ).task
+    task = tasks.setup_task(cfg.task)
+    model = task.build_model(cfg.model)
+    return model, task, state
+
+
+def test_span_head_is_kept_like_fairseqs_classification_heads(tiny_squad):
+    """As fairseq 0.12.3's RobertaModel.upgrade_state_dict_named treats classification heads:
+    a head the checkpoint lacks keeps its fresh values (fine-tuning from a pre-trained model), a
+    checkpoint's head is loaded where the model has it, and dropped (with a warning) where it
+    has not unless load_checkpoint_heads (the hub) registers it. A model without span heads has
+    the state dict it had before."""
+    import copy
+
+    model, task, state = squad_model(tiny_squad)
+    fresh = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("span_heads.")}
+    assert sorted(fresh) == [
+        "span_heads.squad_span.out_proj.bias",
+        "span_heads.squad_span.out_proj.weight",
+    ]
+    pretrained = copy.deepcopy(state["model"])
+    assert not any(k.startswith("span_heads.") for k in pretrained)
+    # fairseq's own path, side by side: a new classification head is filled in the same way
+    model.register_classification_head("probe", num_classes=2)
+    model.upgrade_state_dict_named(pretrained, "")
+    model.load_state_dict(pretrained, strict=True)
+    for k, v in fresh.items():
+        assert torch.equal(model.state_dict()[k], v), k
+    assert "classification_heads.probe.out_proj.weight" in pretrained
+    # a checkpoint with the head: loaded as it is
+    trained = copy.deepcopy(model.state_dict())
+    trained["span_heads.squad_span.out_proj.weight"] += 1.0
+    other, _, _ = squad_model(tiny_squad)
+    other.register_classification_head("probe", num_classes=2)
+    other.upgrade_state_dict_named(trained, "")
+    other.load_state_dict(trained, strict=True)
+    assert torch.equal(other.span_heads.squad_span.out_proj.weight,
+                       fresh["span_heads.squad_span.out_proj.weight"] + 1.0)  # fmt: skip
+    # into a model without that head: dropped, or registered with load_checkpoint_heads
+    del other.span_heads["squad_span"]
+    dropped = copy.deepcopy(trained)
+    other.upgrade_state_dict_named(dropped, "")
+    assert not any(k.startswith("span_heads.") for k in dropped)
+    other.args.load_checkpoint_heads = True
+    kept = copy.deepcopy(trained)
+    other.upgrade_state_dict_named(kept, "")
+    other.load_state_dict(kept, strict=True)
+    assert torch.equal(
+        other.span_heads.squad_span.out_proj.weight,
+        trained["span_heads.squad_span.out_proj.weight"],
+    )
+
+
+def test_squad_task_refuses_what_contradicts_the_data_bin(tiny_squad):
+    """An explicit task flag that contradicts the data-bin, and a data-bin whose windows are
+    longer than the model's positions: one line each."""
+    from fairseq import tasks
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    from realformer_fairseq.errors import RealformerConfigError
+
+    args = __import__("argparse").Namespace(
+        task="squad", data=str(tiny_squad / "bin"), casing="cased"
+    )
+    with pytest.raises(RealformerConfigError) as err:
+        tasks.setup_task(convert_namespace_to_omegaconf(args).task)
+    assert (
+        str(err.value)
+        == f"--casing cased: the SQuAD data-bin {tiny_squad / 'bin'} was made with uncased"
+    )
+    settings = json.loads((tiny_squad / "bin" / "squad.json").read_text())
+    assert settings["max_seq_length"] == 32 and settings["casing"] == "uncased"
