@@ -18,7 +18,9 @@ setup(
     # a fairseq 0.12 build that works exists for 3.10 (official fairseq 0.12.2, sdist) and
     # 3.11-3.12 (ve-fairseq wheels); none for 3.13 (see README, "Python versions")
     python_requires=">=3.10,<3.13",
-    packages=find_packages(include=["realformer_fairseq", "realformer_fairseq.*"]),
+    packages=find_packages(
+        include=["realformer_fairseq", "realformer_fairseq.*", "realformer_pipelines"]
+    ),
     install_requires=[
         # fairseq 0.12.2 does not import on Python 3.11+; ve-fairseq is the same code
         # base as prebuilt cp311/cp312 wheels (see README, "Choice of fairseq").
@@ -32,7 +34,7 @@ setup(
         # allow-lists np.dtypes.*DType (pickled into checkpoints), new in numpy 1.25
         "numpy>=1.25,<2",
         "sacrebleu>=2.0",
-        # examples/wmt14_en_fr/text_tools.py makes 0.2.0's output equal to Moses perl (tested)
+        # realformer_pipelines/moses.py makes 0.2.0's output equal to Moses perl (tested)
         "sacremoses==0.2.0",
         "subword-nmt>=0.3.8",
         # --tensorboard-logdir: fairseq 0.12 writes with torch.utils.tensorboard, which needs

@@ -5,7 +5,8 @@ raises :class:`RealformerConfigError`, a ``ValueError`` whose message is one lin
 user in a notebook, a sweep loop or a test harness can catch it and goes on.
 
 Only command-line entry points turn it into ``prog: error: <message>`` and exit status 1:
-the plugin's own console commands (each wraps its ``main`` in :func:`exit_with_one_line`),
+the plugin's own console commands (each wraps its ``main`` in :func:`exit_with_one_line`, the
+project's one helper, :mod:`realformer_pipelines.errors`, which the pipelines' tools use too),
 and fairseq's console commands (``fairseq-train``, ``fairseq-hydra-train``,
 ``fairseq-generate``, ...), in which the model's ``build_model`` / ``load_state_dict`` are
 decorated with :func:`one_line_under_fairseq_commands`. fairseq wraps what
@@ -18,9 +19,13 @@ import functools
 import os
 import sys
 
+from realformer_pipelines.errors import InputError, exit_with_one_line  # noqa: F401
 
-class RealformerConfigError(ValueError):
-    """A flag or checkpoint that this plugin cannot use; the message (one line) says why."""
+
+class RealformerConfigError(InputError):
+    """A flag or checkpoint that this plugin cannot use; the message (one line) says why. An
+    :class:`~realformer_pipelines.errors.InputError` (a ``ValueError``), the error every console
+    command of the project turns into one line with the same helper."""
 
 
 class RealformerCheckpointError(RealformerConfigError):
@@ -55,20 +60,3 @@ def one_line_under_fairseq_commands(fn):
             raise
 
     return wrapper
-
-
-def exit_with_one_line(prog: str):
-    """Decorator for a console command's ``main``: :class:`RealformerConfigError` becomes
-    ``prog: error: <message>`` on stderr and exit status 1."""
-
-    def decorate(fn):
-        @functools.wraps(fn)
-        def wrapper(*args, **kwargs):
-            try:
-                return fn(*args, **kwargs)
-            except RealformerConfigError as err:
-                raise SystemExit(f"{prog}: error: {err}") from None
-
-        return wrapper
-
-    return decorate

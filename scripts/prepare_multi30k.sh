@@ -10,7 +10,11 @@
 # settings. Results: DEST (binarized, plus test.raw.* / test.tok.* for scoring) and the BPE'd text
 # in WORK/final/{train,valid,test}.{en,fr}.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/../examples/wmt14_en_fr/common.sh"
+# the WMT'14 pipeline's name in log and error lines: this script is its Multi30k front end
+PIPELINE_NAME=wmt14_en_fr
+source "$(dirname "${BASH_SOURCE[0]}")/../examples/common/pipeline.sh"
+WMT_DIR="$REPO_ROOT/examples/wmt14_en_fr"
+source "$WMT_DIR/stages.sh" # SRC, TGT, check_pair, prefix_files
 
 usage() {
     cat <<EOF
@@ -70,7 +74,7 @@ prepare() {
         run_stage lowercase "lowercase $MULTI30K" stage_lowercase
         text=$WORK/lowercased
     fi
-    bash "$EXAMPLE_DIR/prepare.sh" --work-dir "$WORK" --offline \
+    bash "$WMT_DIR/prepare.sh" --work-dir "$WORK" --offline \
         --train "$text/train" --valid "$text/val" --test "$text/test_2016_flickr" \
         --bpe-size 4000 --workers 2 "${PREPARE_ARGS[@]}"
 }

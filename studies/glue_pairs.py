@@ -39,7 +39,8 @@ from realformer_fairseq.atomic_files import write_text_atomic
 from . import plots, runs, tables
 
 GLUE = runs.REPO_ROOT / "examples" / "glue"
-TEXT_TOOLS = runs.REPO_ROOT / "examples" / "wmt14_en_fr" / "text_tools.py"
+# the pipelines' shared text tools (examples/common/pipeline.sh runs them so)
+TEXT_TOOLS = ["-m", "realformer_pipelines.tools"]
 logger = runs.get_logger("glue_pairs")
 
 VARIANTS = {"Post-LN": "postln_bert_tiny", "Pre-LN": "preln_bert_tiny",
@@ -118,7 +119,7 @@ def build_task(data_root: Path, out: Path, sizes: Dict[str, int], seed: int = 0)
 
 
 def prepare_pretraining(raw: Path, work: Path, bpe_merges: int) -> Tuple[Path, Path]:
-    """Moses tokenisation of ``raw`` (text_tools, English rules: what prepare.sh applies),
+    """Moses tokenisation of ``raw`` (realformer_pipelines.tools, English rules: what prepare.sh applies),
     subword-nmt BPE learned on it, and its masked_lm data-bin; (codes, data-bin)."""
     codes, data_bin = work / "bpecodes", work / "mlm-bin"
     if (data_bin / "valid.bin").exists():
@@ -126,11 +127,11 @@ def prepare_pretraining(raw: Path, work: Path, bpe_merges: int) -> Tuple[Path, P
     python = sys.executable
     tok, bpe = work / "pretrain.tok", work / "pretrain.bpe"
     work.mkdir(parents=True, exist_ok=True)
-    runs.run([python, TEXT_TOOLS, "tokenize", "--lang", "en", "--input", raw,
+    runs.run([python, *TEXT_TOOLS, "tokenize", "--lang", "en", "--input", raw,
               "--output", tok], work / "tokenize.log")  # fmt: skip
-    runs.run([python, TEXT_TOOLS, "learn-bpe", "--symbols", bpe_merges, "--output", codes, tok],
+    runs.run([python, *TEXT_TOOLS, "learn-bpe", "--symbols", bpe_merges, "--output", codes, tok],
              work / "learn_bpe.log")  # fmt: skip
-    runs.run([python, TEXT_TOOLS, "apply-bpe", "--codes", codes, "--input", tok, "--output", bpe],
+    runs.run([python, *TEXT_TOOLS, "apply-bpe", "--codes", codes, "--input", tok, "--output", bpe],
              work / "apply_bpe.log")  # fmt: skip
     lines = bpe.read_text(encoding="utf-8").splitlines(True)
     held_out = max(200, len(lines) // 50) // 2 * 2  # whole pairs

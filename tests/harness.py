@@ -5,6 +5,7 @@ fairseq's own ``tests/utils.py`` is not in its wheel; these are ours.
 """
 
 import atexit
+import importlib
 import os
 import random
 import re
@@ -40,6 +41,24 @@ def realformer_tf_fixture(*parts: str) -> Path:
     if not (path.exists() or path.with_name(path.name + ".index").exists()):
         raise FileNotFoundError(f"shared data missing: {path} (see its README.md)")
     return path
+
+
+def pipeline_module(pipeline: str, name: str):
+    """``examples/<pipeline>/<name>.py`` imported as that pipeline's scripts import it: with its
+    folder first on ``sys.path`` for the import (its modules import their siblings by name), which
+    is then taken off again. A module of the same name from another pipeline folder (every
+    pipeline has a ``recipes.py``) is replaced in ``sys.modules``. The pipelines' shared Python is
+    the installed ``realformer_pipelines`` package, imported as usual."""
+    folder = (REPO_ROOT / "examples" / pipeline).resolve()
+    for sibling in folder.glob("*.py"):
+        cached = sys.modules.get(sibling.stem)
+        if cached is not None and Path(getattr(cached, "__file__", "") or "").parent != folder:
+            del sys.modules[sibling.stem]
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(folder))
 
 
 def fairseq_command(name: str) -> str:

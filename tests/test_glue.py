@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from glue_fixtures import COLUMNS, DIAGNOSTIC, FIXTURES, SUBSET, write_glue, write_tsv
-from harness import REPO_ROOT, SHARED_DATA, USER_DIR, realformer_tf_fixture
+from harness import REPO_ROOT, SHARED_DATA, USER_DIR, pipeline_module, realformer_tf_fixture
 
 GLUE = REPO_ROOT / "examples" / "glue"
 FAIRSEQ_FINETUNING = (
@@ -369,8 +369,7 @@ def yaml_lines(name):
 def test_recipe_sources_are_lines_of_fairseqs_files():
     """Every value of recipes.py that cites a fairseq YAML line: that line of the installed
     fairseq's file sets that key to that value."""
-    sys.path.insert(0, str(GLUE))
-    import recipes
+    recipes = pipeline_module("glue", "recipes")
 
     key_of = {"--num-classes": "num_classes", "--init-token": "init_token",
               "--separator-token": "separator_token", "--max-positions": "max_positions",
@@ -439,15 +438,15 @@ def test_model_flags_repeat_what_the_arch_does_not_set():
     """finetune.sh gives fairseq-train every model flag of the pre-training run that differs
     from the arch's defaults: shapes (which would fail to load) and same-shape options (which
     would load and compute otherwise, e.g. the running mean)."""
-    sys.path.insert(0, str(GLUE))
-    import glue_tools
+    from realformer_pipelines.checkpoints import model_flags
+    from realformer_pipelines.errors import InputError
 
     args = masked_lm_namespace("--arch", "realformer_bert_small", "--encoder-layers", "3",
                                "--residual-attention-mode", "mean", "--init-type",
                                "admin-closed-form", "--activation-fn", "gelu_accurate",
                                "--tokens-per-sample", "128", "--dropout", "0.0",
                                "--admin-profile-out", "/tmp/omega.json")  # fmt: skip
-    arch, flags, facts = glue_tools.model_flags({"cfg": {"model": args}}, ["dropout"])
+    arch, flags, facts = model_flags({"cfg": {"model": args}}, ["dropout"])
     assert arch == "realformer_bert_small"
     assert flags == [
         "--encoder-layers",
@@ -461,11 +460,9 @@ def test_model_flags_repeat_what_the_arch_does_not_set():
     ]
     assert facts == {"max_positions": None, "type_vocab_size": 0}  # set by build_model
     plain = masked_lm_namespace("--arch", "preln_bert_tiny")
-    assert glue_tools.model_flags({"cfg": {"model": plain}}, ())[1] == []
-    with pytest.raises(glue_tools.InputError, match="not an encoder-only model"):
-        glue_tools.model_flags(
-            {"cfg": {"model": masked_lm_namespace("--arch", "realformer_tiny")}}, ()
-        )
+    assert model_flags({"cfg": {"model": plain}}, ())[1] == []
+    with pytest.raises(InputError, match="not an encoder-only model"):
+        model_flags({"cfg": {"model": masked_lm_namespace("--arch", "realformer_tiny")}}, ())
 
 
 # ------------------------------------------------------------------ GLUE's metrics
@@ -474,25 +471,25 @@ def test_model_flags_repeat_what_the_arch_does_not_set():
 def test_metrics_are_glues():
     """Values computed by hand here: gold 1 1 0 0 1, predicted 1 0 0 1 1 -> TP 2, TN 1, FP 1,
     FN 1: accuracy 60, F1 2/3, MCC (2*1 - 1*1) / sqrt(3*3*2*2) = 1/6."""
-    sys.path.insert(0, str(GLUE))
-    import glue_tools
+    glue_metrics = pipeline_module("glue", "glue_metrics").glue_metrics
+    TASKS = pipeline_module("glue", "glue_tasks").TASKS
 
     gold, pred = list("11001"), list("10011")
-    mrpc = glue_tools.glue_metrics(glue_tools.TASKS["MRPC"], gold, pred)
+    mrpc = glue_metrics(TASKS["MRPC"], gold, pred)
     assert mrpc == pytest.approx(
         {"accuracy": 60.0, "f1": 200 / 3, "acc_and_f1": (60 + 200 / 3) / 2}
     )
-    assert glue_tools.glue_metrics(glue_tools.TASKS["CoLA"], gold, pred) == pytest.approx(
+    assert glue_metrics(TASKS["CoLA"], gold, pred) == pytest.approx(
         {"accuracy": 60.0, "mcc": 100 / 6}
     )
     # STS-B: a linear relation (Pearson 1), and ranks reversed in one pair (Spearman 1 - 6*2/(4*15))
-    stsb = glue_tools.TASKS["STS-B"]
-    got = glue_tools.glue_metrics(stsb, ["1", "2", "3", "4"], ["0.5", "1", "1.5", "2"])
+    stsb = TASKS["STS-B"]
+    got = glue_metrics(stsb, ["1", "2", "3", "4"], ["0.5", "1", "1.5", "2"])
     assert got["pearson"] == pytest.approx(100) and got["spearman"] == pytest.approx(100)
-    got = glue_tools.glue_metrics(stsb, ["1", "2", "3", "4"], ["1", "3", "2", "4"])
+    got = glue_metrics(stsb, ["1", "2", "3", "4"], ["1", "3", "2", "4"])
     assert got["spearman"] == pytest.approx(100 * (1 - 6 * 2 / (4 * 15)))
     assert got["pearson_and_spearman"] == pytest.approx((got["pearson"] + got["spearman"]) / 2)
-    mnli = glue_tools.glue_metrics(glue_tools.TASKS["MNLI"], ["entailment", "neutral"],
+    mnli = glue_metrics(TASKS["MNLI"], ["entailment", "neutral"],
                                    ["entailment", "contradiction"])  # fmt: skip
     assert mnli == {"accuracy": 50.0}
 
@@ -829,7 +826,7 @@ def readme_run(pretrained, tmp_path_factory):
     write_glue(root / "glue_data")
     (root / "examples").mkdir(parents=True)
     (root / "examples" / "glue").symlink_to(GLUE)
-    (root / "examples" / "wmt14_en_fr").symlink_to(REPO_ROOT / "examples" / "wmt14_en_fr")
+    (root / "examples" / "common").symlink_to(REPO_ROOT / "examples" / "common")
     (root / "realformer_fairseq").symlink_to(REPO_ROOT / "realformer_fairseq")
     for link, target in (("bpe/codes", pretrained["codes"]), ("data-bin/mlm/dict.txt", pretrained["dict"]),
                          ("checkpoints/mlm/checkpoint_best.pt", pretrained["checkpoint"]),

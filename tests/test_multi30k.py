@@ -105,8 +105,9 @@ def test_the_quick_start_prepares_with_the_script_and_nothing_else(tmp_path):
 
 def test_the_smoke_run_prepares_with_the_script_and_nothing_else(tmp_path):
     root = tree_with_stub(
-        tmp_path / "repo", "examples/wmt14_en_fr/smoke.sh", "examples/wmt14_en_fr/common.sh"
-    )
+        tmp_path / "repo", "examples/wmt14_en_fr/smoke.sh", "examples/wmt14_en_fr/stages.sh",
+        "examples/common/pipeline.sh",
+    )  # fmt: skip
     work = tmp_path / "work"
     proc = run_bash(root / "examples" / "wmt14_en_fr" / "smoke.sh", "--work-dir", work,
                     "--data", SHARED_DATA)  # fmt: skip

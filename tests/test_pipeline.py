@@ -268,11 +268,9 @@ def test_tokenize_equals_moses_perl_line_for_line():
 
     if not MOSES_REFERENCE.is_dir():
         pytest.skip(f"{MOSES_REFERENCE} missing")
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        import text_tools
-    finally:
-        sys.path.remove(str(EXAMPLE))
+    from realformer_pipelines import moses
+    from realformer_pipelines.files import read_lines
+
     golden = sorted(MOSES_REFERENCE.glob("*-tok.*"))
     # newstest2012/13/14 and probe: 2 chains x 2 languages; tatoeba: the train chain only
     assert len(golden) == 4 * 4 + 2, golden
@@ -280,38 +278,35 @@ def test_tokenize_equals_moses_perl_line_for_line():
     for lang in ("en", "fr"):
         for chain in ("train", "test"):
             ctx = mp.get_context("fork")
-            with ctx.Pool(2, text_tools._init_worker, (lang, chain)) as pool:
+            with ctx.Pool(2, moses.init_worker, (lang, chain)) as pool:
                 for path in golden:
                     stem, suffix = path.name.split(".", 1)
                     if suffix != f"{chain}-tok.{lang}":
                         continue
                     want = path.read_text(encoding="utf-8").split("\n")[:-1]
-                    src = list(text_tools.read_lines(f"{MOSES_INPUTS[stem]}.{lang}"))[: len(want)]
-                    got = pool.map(text_tools._tokenize_line, src, chunksize=500)
+                    src = list(read_lines(f"{MOSES_INPUTS[stem]}.{lang}"))[: len(want)]
+                    got = pool.map(moses.tokenize_line, src, chunksize=500)
                     differing[path.name] = [i for i, (g, w) in enumerate(zip(got, want)) if g != w]
                     assert len(got) == len(want), path
     assert differing == {path.name: [] for path in golden}
 
 
 def test_tokenize_matches_moses_conventions(tmp_path):
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        import text_tools as tt
-    finally:
-        sys.path.pop(0)
-    tt._init_worker("fr", "train")
-    assert tt._tokenize_line("L'arc-en-ciel «  brille »") == (
+    from realformer_pipelines import moses as tt
+
+    tt.init_worker("fr", "train")
+    assert tt.tokenize_line("L'arc-en-ciel «  brille »") == (
         "L&apos; arc @-@ en @-@ ciel &quot; brille &quot;"
     )
-    tt._init_worker("en", "test")
-    assert tt._tokenize_line("It’s well-known") == "It &apos;s well @-@ known"
+    tt.init_worker("en", "test")
+    assert tt.tokenize_line("It’s well-known") == "It &apos;s well @-@ known"
     # the three places sacremoses 0.2.0 alone differs from Moses perl (moses_reference/probe)
-    assert tt._tokenize_line("U.S. and etc. and Mr. Smith and p.m.") == (
+    assert tt.tokenize_line("U.S. and etc. and Mr. Smith and p.m.") == (
         "U.S. and etc. and Mr. Smith and p.m ."
     )
-    tt._init_worker("fr", "train")
-    assert tt._tokenize_line('Il a dit "oui."') == "Il a dit &quot; oui &quot; ."
-    assert tt._tokenize_line("Soft\xadhyphen Inter\xadnational") == "Soft hyphen Inter national"
+    tt.init_worker("fr", "train")
+    assert tt.tokenize_line('Il a dit "oui."') == "Il a dit &quot; oui &quot; ."
+    assert tt.tokenize_line("Soft\xadhyphen Inter\xadnational") == "Soft hyphen Inter national"
 
 
 # Lines the golden files do not cover: runs of letters sacremoses 0.2.0's tables lack (CJK
@@ -356,16 +351,13 @@ CJK_TRAIN_CHAIN_LINE_2 = {
 @pytest.mark.parametrize("chain", ["train", "test"])
 def test_tokenize_keeps_cjk_runs_whole_as_moses_perl(lang, chain):
     """sacremoses 0.2.0 alone gives 東 京 タワー, 한 국 어, 北 京 - 上 海, 𝟙 𝟚 (every line differs)."""
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        import text_tools as tt
-    finally:
-        sys.path.pop(0)
-    tt._init_worker(lang, chain)
+    from realformer_pipelines import moses as tt
+
+    tt.init_worker(lang, chain)
     expected = list(CJK_TOKENS[lang])
     if chain == "train":
         expected[1] = CJK_TRAIN_CHAIN_LINE_2[lang]
-    assert [tt._tokenize_line(line) for line in CJK_LINES] == expected
+    assert [tt.tokenize_line(line) for line in CJK_LINES] == expected
 
 
 def test_long_cpu_stages_log_progress_and_bpe_equals_subword_nmt(tmp_path):
@@ -373,11 +365,11 @@ def test_long_cpu_stages_log_progress_and_bpe_equals_subword_nmt(tmp_path):
     learn-bpe / apply-bpe give exactly what subword-nmt's command line gives (reference
     order: train.en then train.fr)."""
     pair = write_pair(tmp_path / "train", 400)
-    env = dict(os.environ, REALFORMER_PROGRESS_SECONDS="0")
+    env = dict(os.environ, REALFORMER_PROGRESS_SECONDS="0", REALFORMER_PIPELINE_NAME="wmt14_en_fr")
 
-    def tools(*args):
+    def tools(*args):  # the shared tools, as examples/common/pipeline.sh's `tools` runs them
         proc = subprocess.run(
-            [sys.executable, EXAMPLE / "text_tools.py", *map(str, args)],
+            [sys.executable, "-m", "realformer_pipelines.tools", *map(str, args)],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr

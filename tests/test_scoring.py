@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 import pytest
-from harness import REPO_ROOT, fairseq_command, run, shared_data
+from harness import REPO_ROOT, fairseq_command, pipeline_module, run, shared_data
 
 EXAMPLE = REPO_ROOT / "examples" / "wmt14_en_fr"
 HYP = "hyp.opus-mt-en-fr-2020-02-26.fr"
@@ -21,9 +21,11 @@ def evaluate_score(*args):
     return run(["bash", EXAMPLE / "evaluate.sh", "score", *args], env={"PYTHON": sys.executable})
 
 
-def text_tools(*args, check=True):
+def text_tools(*args, check=True, shared=False):
+    """The pipeline's text_tools.py, or (``shared``) the pipelines' shared tools."""
+    tools = ["-m", "realformer_pipelines.tools"] if shared else [EXAMPLE / "text_tools.py"]
     proc = subprocess.run(
-        [sys.executable, EXAMPLE / "text_tools.py", *map(str, args)],
+        [sys.executable, *tools, *map(str, args)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -61,8 +63,9 @@ def test_score_mode_detokenizes_moses_output(tmp_path):
     check = shared_data("bleu_check")
     tok = tmp_path / "ref.tok.fr"
     text_tools(
-        "tokenize", "--lang", "fr", "--mode", "test", "--input", check / "ref.fr", "--output", tok
-    )
+        "tokenize", "--lang", "fr", "--mode", "test", "--input", check / "ref.fr", "--output", tok,
+        shared=True,
+    )  # fmt: skip
     assert "&apos;" in tok.read_text(encoding="utf-8")
     plain, detok = tmp_path / "plain.json", tmp_path / "detok.json"
     evaluate_score("--hyp", tok, "--ref", check / "ref.fr", "--results", plain)
@@ -82,7 +85,8 @@ def test_tokenized_bleu_matches_fairseq_score(tmp_path):
     check = shared_data("bleu_check")
     hyp_tok, ref_tok = tmp_path / "hyp.tok", tmp_path / "ref.tok"
     for src, dst in ((check / HYP, hyp_tok), (check / "ref.fr", ref_tok)):
-        text_tools("tokenize", "--lang", "fr", "--mode", "test", "--input", src, "--output", dst)
+        text_tools("tokenize", "--lang", "fr", "--mode", "test", "--input", src, "--output", dst,
+                   shared=True)  # fmt: skip
     results = tmp_path / "r.json"
     evaluate_score(
         "--hyp",
@@ -132,12 +136,7 @@ def test_extract_orders_hypotheses_and_detects_gaps(tmp_path):
     out = tmp_path / "hyp"
     text_tools("extract", "--input", gen, "--output", out)
     assert out.read_text(encoding="utf-8") == "première\ndeuxième\n"
-    sys.path.insert(0, str(EXAMPLE))
-    try:
-        import text_tools as tt
-    finally:
-        sys.path.pop(0)
-    parsed = tt.parse_fairseq_bleu(str(gen))
+    parsed = pipeline_module("wmt14_en_fr", "wmt_bleu").parse_fairseq_bleu(str(gen))
     assert parsed["score"] == 12.34 and parsed["beam"] == 5
     gen.write_text("H-0\t-0.1\tune\nH-2\t-0.1\ttrois\n", encoding="utf-8")
     proc = text_tools("extract", "--input", gen, "--output", tmp_path / "h2", check=False)

@@ -387,16 +387,13 @@ def french_model(pipeline):
     its translations hold the elisions that English and French detokenisation treat apart."""
     from subword_nmt.apply_bpe import BPE
 
-    sys.path.insert(0, str(REPO_ROOT / "examples" / "wmt14_en_fr"))
-    try:
-        import text_tools
-    finally:
-        sys.path.pop(0)
+    from realformer_pipelines import moses
+
     root, data_bin = pipeline["root"], pipeline["data_bin"]
     with open(data_bin / "bpecodes", encoding="utf-8") as fh:
         bpe = BPE(fh)
-    text_tools._init_worker("fr", "train")
-    target = bpe.process_line(text_tools._tokenize_line(FRENCH_TARGET))
+    moses.init_worker("fr", "train")
+    target = bpe.process_line(moses.tokenize_line(FRENCH_TARGET))
     raw = root / "french_raw"
     raw.mkdir()
     sources = (root / "work" / "final" / "train.en").read_text(encoding="utf-8").splitlines()

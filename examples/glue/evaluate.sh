@@ -4,7 +4,8 @@
 # checkpoint predicts the dev set(s), GLUE's metric of the task (scikit-learn / scipy) picks
 # one, which predicts the test set(s) (MNLI: matched, mismatched and the AX diagnostic).
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/stages.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
+source "$PIPELINE_DIR/stages.sh"
 
 usage() {
     cat <<EOF
@@ -108,9 +109,9 @@ if [[ $DRY_RUN == 1 ]]; then
     [[ $CPU == 1 ]] && cpu_flag=" --cpu"
     dirs=()
     for ckpt in "${CANDIDATES[@]}"; do dirs+=("$(pred_dir "$ckpt")"); done
-    echo "$PYTHON $GLUE_DIR/glue_tools.py predict --task $TASK --checkpoint ${CANDIDATES[*]} --out-dir ${dirs[*]} --data-bin $DATA_BIN --subsets $DEV_SUBSETS --batch-size $BATCH_SIZE --score$cpu_flag"
+    echo "$PYTHON $PIPELINE_DIR/glue_tools.py predict --task $TASK --checkpoint ${CANDIDATES[*]} --out-dir ${dirs[*]} --data-bin $DATA_BIN --subsets $DEV_SUBSETS --batch-size $BATCH_SIZE --score$cpu_flag"
     if [[ $NO_TEST == 0 ]]; then
-        echo "then the best of them on $TEST_SUBSETS, and $PYTHON $GLUE_DIR/glue_tools.py submit --task $TASK --data-bin $DATA_BIN --out $OUT_DIR/submission"
+        echo "then the best of them on $TEST_SUBSETS, and $PYTHON $PIPELINE_DIR/glue_tools.py submit --task $TASK --data-bin $DATA_BIN --out $OUT_DIR/submission"
     fi
     exit 0
 fi

@@ -5,7 +5,8 @@
 # decay 0.1, polynomial decay after a 6 % warm-up, dropout 0.1, the task's lr / batch / updates),
 # the checkpoint's own model flags, and checkpoint_best.pt chosen by the task's GLUE metric.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/stages.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
+source "$PIPELINE_DIR/stages.sh"
 
 usage() {
     cat <<EOF
@@ -90,7 +91,7 @@ SAVE_DIR=${SAVE_DIR:-$PWD/glue_checkpoints/$TASK}
 # the model: MODEL_ARCH, MODEL_FLAGS, MODEL_MAX_POSITIONS, MODEL_TYPE_VOCAB_SIZE, MODEL_TASK
 # (the recipe's --dropout / --attention-dropout win over the pre-training run's)
 if [[ -f "$CHECKPOINT" ]]; then
-    MODEL_SH="$(glue_tools model-flags --checkpoint "$CHECKPOINT" --drop dropout,attention_dropout)" || exit 1
+    MODEL_SH="$(tools model-flags --checkpoint "$CHECKPOINT" --drop dropout,attention_dropout)" || exit 1
     eval "$MODEL_SH"
     [[ -z "$ARCH" || "$ARCH" == "$MODEL_ARCH" ]] || die "--arch $ARCH: the checkpoint's is $MODEL_ARCH"
     [[ "$MODEL_TASK" != sentence_prediction ]] ||
@@ -119,21 +120,10 @@ fi
 # RECIPE_TRAIN (the task's fairseq-train flags) and P_* (its values)
 NO_FP16=()
 [[ $FP16 == 1 ]] || NO_FP16=(--no-fp16)
-RECIPE_SH="$("$PYTHON" "$GLUE_DIR/recipes.py" shell --task "$TASK" --pair-layout "$PAIR_LAYOUT" \
+RECIPE_SH="$("$PYTHON" "$PIPELINE_DIR/recipes.py" shell --task "$TASK" --pair-layout "$PAIR_LAYOUT" \
     "${NO_FP16[@]}")" || exit 1
 eval "$RECIPE_SH"
 
-# set_flag FLAG VALUE: replace the recipe's value of FLAG in RECIPE_TRAIN (or add it)
-set_flag() {
-    local i
-    for i in "${!RECIPE_TRAIN[@]}"; do
-        if [[ "${RECIPE_TRAIN[i]}" == "$1" ]]; then
-            RECIPE_TRAIN[i + 1]=$2
-            return 0
-        fi
-    done
-    RECIPE_TRAIN+=("$1" "$2")
-}
 # the model's positions: its position embeddings must load (fairseq's recipe has 512 for RoBERTa's)
 if [[ -n "$MODEL_MAX_POSITIONS" && "$MODEL_MAX_POSITIONS" != "$P_MAX_POSITIONS" ]]; then
     log "--max-positions $MODEL_MAX_POSITIONS (the model's; the recipe's $P_MAX_POSITIONS is RoBERTa's)"
@@ -141,7 +131,7 @@ if [[ -n "$MODEL_MAX_POSITIONS" && "$MODEL_MAX_POSITIONS" != "$P_MAX_POSITIONS" 
 fi
 # Flags finetune.sh builds itself: after "--" they are refused (fairseq-train would take the last
 # value and fine-tune another model, or data, than the one finetune.sh logs and checks); a flag of
-# the recipe replaces the recipe's value (apply_extra, ../wmt14_en_fr/common.sh)
+# the recipe replaces the recipe's value (apply_extra, ../common/pipeline.sh)
 own_option_of() {
     case "$1" in
     --arch | --user-dir | --residual-attention | --residual-attention-mode | --init-type | \

@@ -4,7 +4,8 @@
 # tokenisation: Moses + the subword-nmt BPE codes and dictionary of a model pre-trained with this
 # plugin, or the WordPiece vocabulary of a model imported from Google's checkpoints. Offline.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/stages.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
+source "$PIPELINE_DIR/stages.sh"
 
 usage() {
     cat <<EOF
@@ -104,27 +105,17 @@ fi
 check_files "$DICT"
 whole_number --workers "$WORKERS" 1
 case "$UNTIL" in "" | split | tokenize | binarize) ;; *) die "--until: unknown stage '$UNTIL'" ;; esac
-abs() { echo "$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"; }
-BPE_CODES=${BPE_CODES:+$(abs "$BPE_CODES")}
-VOCAB=${VOCAB:+$(abs "$VOCAB")}
-DICT="$(abs "$DICT")"
-[[ -z "$DIAGNOSTIC" ]] || { check_files "$DIAGNOSTIC"; DIAGNOSTIC="$(abs "$DIAGNOSTIC")"; }
+BPE_CODES=${BPE_CODES:+$(abspath "$BPE_CODES")}
+VOCAB=${VOCAB:+$(abspath "$VOCAB")}
+DICT="$(abspath "$DICT")"
+[[ -z "$DIAGNOSTIC" ]] || { check_files "$DIAGNOSTIC"; DIAGNOSTIC="$(abspath "$DIAGNOSTIC")"; }
 WORK=${WORK:-$PWD/glue_work/$TASK}
 mkdir -p "$WORK"
 WORK="$(cd "$WORK" && pwd)"
 DEST=${DEST:-$WORK/data-bin}
 mkdir -p "$(dirname "$DEST")"
-DEST="$(abs "$DEST")"
+DEST="$(abspath "$DEST")"
 export FORCE
-
-# stage NAME SETTINGS FUNCTION: run_stage, then stop if NAME is --until
-stage() {
-    run_stage "$@"
-    if [[ "$1" == "$UNTIL" ]]; then
-        log "stopping after stage $1 (--until)"
-        exit 0
-    fi
-}
 
 # each stage's settings include the previous stage's, so a change redoes what follows it
 S_SPLIT="task=$TASK dir=$TASK_DIR diagnostic=${DIAGNOSTIC:-default} no_diagnostic=$NO_DIAGNOSTIC"
@@ -137,20 +128,8 @@ fi
 S_BIN="$S_TOK dict=$DICT $(sha256sum "$DICT" | cut -d' ' -f1) dest=$DEST"
 
 log "$TASK from $TASK_DIR; $TOKENIZER; work dir $WORK; data-bin $DEST"
-if [[ $DRY_RUN == 1 ]]; then
-    declare -A SETTINGS=([split]=$S_SPLIT [tokenize]=$S_TOK [binarize]=$S_BIN)
-    for name in split tokenize binarize; do
-        marker="$WORK/stages/$name.done"
-        if [[ -f "$marker" && "$(cat "$marker")" == "$(stage_record "$name" "${SETTINGS[$name]}")" && $FORCE != 1 ]]; then
-            echo "stage $name: finished before ($marker)"
-        else
-            echo "stage $name: to run (${SETTINGS[$name]})"
-        fi
-        [[ "$name" != "$UNTIL" ]] || break
-    done
-    exit 0
-fi
+# with --dry-run, each stage prints whether it would run (stage, ../common/pipeline.sh)
 stage split "$S_SPLIT" stage_split
 stage tokenize "$S_TOK" stage_tokenize
 stage binarize "$S_BIN" stage_binarize
-log "done: $DEST"
+[[ $DRY_RUN == 1 ]] || log "done: $DEST"

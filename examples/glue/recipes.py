@@ -33,13 +33,11 @@ README's recipe table.
 """
 
 import argparse
-import os
 import shlex
 import sys
 from typing import Dict, List, Optional, Tuple
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "wmt14_en_fr"))
-from text_tools import InputError, run_cli  # noqa: E402
+from realformer_pipelines.errors import InputError, run_cli
 
 FAIRSEQ = "fairseq 0.12.3 examples/roberta/config/finetuning/"
 YAML = {"MNLI": "mnli.yaml", "QNLI": "qnli.yaml", "QQP": "qqp.yaml", "RTE": "rte.yaml",

@@ -1,16 +1,14 @@
 # shellcheck shell=bash
 # The stages of the GLUE pipeline (RealFormer, He et al. 2020, arXiv 2012.11747: BERT fine-tuned
 # per GLUE task), one function per stage (stage_*). Sourced by prepare.sh, finetune.sh and
-# evaluate.sh after the WMT'14 pipeline's common.sh, whose helpers they use: log / warn / die
-# (one error line "glue: error: ..."), run_stage (stage markers, skip on a re-run with the same
-# settings), check_files, bin_of, tools (text_tools.py: Moses tokenisation, subword-nmt BPE) and
-# stage_train (fairseq-train with its command and log kept in the save dir).
+# evaluate.sh after ../common/pipeline.sh, whose helpers they use: log / warn / die (one error
+# line "glue: error: ..."), stage / run_stage (stage markers, skip on a re-run with the same
+# settings), check_files, bin_of, tools (realformer_pipelines.tools: Moses tokenisation,
+# subword-nmt BPE, lower-casing, what a model knows, its model flags), set_flag / apply_extra
+# and stage_train (fairseq-train with its command and log kept in the save dir).
 
-PIPELINE_NAME=glue
-source "$(dirname "${BASH_SOURCE[0]}")/../wmt14_en_fr/common.sh"
-GLUE_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-
-glue_tools() { "$PYTHON" "$GLUE_DIR/glue_tools.py" "$@"; }
+# glue_tools SUBCOMMAND ARGS...: this pipeline's Python steps (glue_tools.py)
+glue_tools() { "$PYTHON" "$PIPELINE_DIR/glue_tools.py" "$@"; }
 
 # ------------------------------------------------------------------------------- prepare
 
@@ -68,7 +66,7 @@ stage_tokenize() {
     for name in $(split_inputs); do
         local in="$WORK/split/$name"
         if [[ $LOWERCASE == 1 ]]; then
-            glue_tools lowercase --input "$in" --output "$WORK/tok/$name.lc" || exit 1
+            tools lowercase --input "$in" --output "$WORK/tok/$name.lc" || exit 1
             in="$WORK/tok/$name.lc"
         fi
         tools tokenize --lang en --mode train --workers "$WORKERS" \

@@ -4,7 +4,8 @@
 # fairseq-generate (batch 128, beam 5, lenpen 0.8), tokenized BLEU as fairseq prints it (the
 # paper's Table 7 metric), and SacreBLEU on the detokenized output against the raw reference.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
+source "$PIPELINE_DIR/stages.sh"
 
 usage() {
     cat <<EOF
@@ -54,7 +55,7 @@ if [[ "${1:-}" == score ]]; then
     [[ -n "$TOK_HYP" ]] && ARGS+=(--tok-hyp "$TOK_HYP" --tok-ref "${TOK_REF:?--tok-hyp needs --tok-ref}")
     [[ -n "$RESULTS" ]] && ARGS+=(--results "$RESULTS")
     rc=0
-    tools "${ARGS[@]}" || rc=$?
+    wmt_tools "${ARGS[@]}" || rc=$?
     rm -f "${RESULTS:-$HYP}.detok.tmp.$$"
     exit $rc
 fi
@@ -103,7 +104,7 @@ done
 [[ -d "$DATA_BIN" ]] || die "$DATA_BIN: missing data folder (run prepare.sh)"
 # EVAL_AVERAGE_LAST, EVAL_CHECKPOINT_UPPER_BOUND, EVAL_BATCH_SIZE, EVAL_BEAM, EVAL_LENPEN,
 # EVAL_REMOVE_BPE of the recipe
-RECIPE_SH="$("$PYTHON" "$EXAMPLE_DIR/recipes.py" shell --recipe "$RECIPE")" || exit 1
+RECIPE_SH="$("$PYTHON" "$PIPELINE_DIR/recipes.py" shell --recipe "$RECIPE")" || exit 1
 eval "$RECIPE_SH"
 AVERAGE_LAST=${AVERAGE_LAST:-$EVAL_AVERAGE_LAST}
 UPPER_BOUND=${UPPER_BOUND:-$EVAL_CHECKPOINT_UPPER_BOUND}
@@ -124,7 +125,7 @@ if [[ -z "$CHECKPOINT" ]]; then
         mkdir -p "$OUT_DIR"
         FEWER=()
         [[ $ALLOW_FEWER == 1 ]] && FEWER=(--allow-fewer)
-        mapfile -t AVERAGED < <("$PYTHON" "$EXAMPLE_DIR/recipes.py" average-inputs \
+        mapfile -t AVERAGED < <("$PYTHON" "$PIPELINE_DIR/recipes.py" average-inputs \
             --dir "$CHECKPOINT_DIR" --n "$AVERAGE_LAST" --upper-bound "$UPPER_BOUND" "${FEWER[@]}" ||
             echo "FAILED")
         [[ "${AVERAGED[-1]:-FAILED}" != FAILED ]] || exit 1
@@ -154,6 +155,6 @@ if [[ $FP16 == 1 ]]; then GEN_ARGS+=(--fp16); fi
 GEN_ARGS+=("${EXTRA[@]}")
 
 log "checkpoint $CHECKPOINT; $SUBSET of $DATA_BIN; recipe $RECIPE: batch $BATCH_SIZE, beam $BEAM, lenpen $LENPEN"
-tools check-data-bin --src $SRC --tgt $TGT "$DATA_BIN" || exit 1
+wmt_tools check-data-bin --src $SRC --tgt $TGT "$DATA_BIN" || exit 1
 stage_generate
 stage_score

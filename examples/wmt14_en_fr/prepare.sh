@@ -3,7 +3,8 @@
 # download, Moses-normalise + tokenise -a (sacremoses), joint BPE 40k (subword-nmt, or
 # sentencepiece), clean (1-250 tokens, ratio 1.5), fairseq-preprocess --joined-dictionary.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
+source "$PIPELINE_DIR/stages.sh"
 
 usage() {
     cat <<EOF
@@ -16,7 +17,7 @@ usage: prepare.sh [--work-dir DIR] [--dest DIR] [--bpe subword-nmt|sentencepiece
 Stages (each skipped on a re-run once it has finished with the same settings):
   download|check_local, raw, tokenize, learn_bpe, apply_bpe, clean, binarize
 
-  --work-dir DIR       intermediate files and stage markers (default: $EXAMPLE_DIR/work)
+  --work-dir DIR       intermediate files and stage markers (default: $PIPELINE_DIR/work)
   --orig DIR           download folder (default: WORK/orig)
   --dest DIR           binarized data for fairseq (default: WORK/data-bin)
   --bpe KIND           subword-nmt (default, as the reference) or sentencepiece
@@ -34,7 +35,7 @@ Stages (each skipped on a re-run once it has finished with the same settings):
 EOF
 }
 
-WORK="$EXAMPLE_DIR/work"
+WORK="$PIPELINE_DIR/work"
 ORIG=""
 DEST=""
 BPE=subword-nmt
@@ -96,14 +97,6 @@ case "$UNTIL" in
 "" | download | check_local | raw | tokenize | learn_bpe | apply_bpe | clean | binarize) ;;
 *) die "--until: unknown stage '$UNTIL'" ;;
 esac
-# stage NAME SETTINGS FUNCTION: run_stage, then stop if NAME is --until
-stage() {
-    run_stage "$@"
-    if [[ "$1" == "$UNTIL" ]]; then
-        log "stopping after stage $1 (--until)"
-        exit 0
-    fi
-}
 
 abspath_list() { # comma list -> absolute paths, one per line
     local IFS=, p

@@ -30,7 +30,7 @@ import shlex
 import sys
 from typing import Dict, List, Optional, Tuple
 
-from text_tools import InputError, run_cli  # same folder: one CLI convention
+from realformer_pipelines.errors import InputError, run_cli
 
 PROG = "wmt14_en_fr"
 MD = "Transformer-Clinic nmt-experiments/wmt14_en-fr.md"
@@ -246,7 +246,7 @@ def get_parser():
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    return run_cli(get_parser(), argv)
+    return run_cli(get_parser(), argv, prog=PROG)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # updates, on local data (../shared/data/enfr: Multi30k train subset, newstest2013 dev,
 # newstest2014 test subset). The scores are not meaningful; that the stages run end to end is.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
+source "$PIPELINE_DIR/stages.sh"
 
 usage() {
     cat <<EOF
@@ -16,7 +17,7 @@ Stages: prepare (offline), train (tiny, --cpu), average + evaluate; results in W
 EOF
 }
 
-WORK="$EXAMPLE_DIR/smoke-work"
+WORK="$PIPELINE_DIR/smoke-work"
 DATA="${REALFORMER_SHARED_DATA:-$REPO_ROOT/../shared/data/enfr}"
 VARIANT=realformer
 TRAIN_LINES=8000
@@ -59,7 +60,7 @@ bash "$REPO_ROOT/scripts/prepare_multi30k.sh" --work-dir "$WORK/prep" --data "$D
 # checkpoint_last.pt, a run redone because the data-bin changed starts afresh
 stage_smoke_train() {
     [[ ${STAGE_OUTDATED:-0} == 0 ]] || rm -rf "$WORK/checkpoints"
-    bash "$EXAMPLE_DIR/train.sh" --variant "$VARIANT" --size tiny --data-bin "$WORK/data-bin" \
+    bash "$PIPELINE_DIR/train.sh" --variant "$VARIANT" --size tiny --data-bin "$WORK/data-bin" \
         --save-dir "$WORK/checkpoints" --cpu --max-tokens 4096 --max-update "$MAX_UPDATE" \
         --warmup $((MAX_UPDATE / 5)) --log-interval 20 -- --num-workers 0
 }
@@ -67,7 +68,7 @@ inputs_train() { find "$WORK/data-bin" -maxdepth 1 -type f | sort; }
 
 # stage_smoke_evaluate: average the last epoch checkpoints, generate, score
 stage_smoke_evaluate() {
-    bash "$EXAMPLE_DIR/evaluate.sh" --data-bin "$WORK/data-bin" --checkpoint-dir "$WORK/checkpoints" \
+    bash "$PIPELINE_DIR/evaluate.sh" --data-bin "$WORK/data-bin" --checkpoint-dir "$WORK/checkpoints" \
         --average-last "$AVERAGE_LAST" --out-dir "$WORK/eval" --results "$WORK/results.json" --cpu \
         -- --max-len-a 1.2 --max-len-b 10 --num-workers 0
 }

@@ -5,7 +5,8 @@
 # 7e-4, 8000 warmup updates from 1e-7, dropout/attention/activation dropout 0.1, label smoothing
 # 0.1, fp16 with loss-scale window 256, 50 epochs, seed 1111; sizes and archs from the plugin.
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
+source "$PIPELINE_DIR/stages.sh"
 
 usage() {
     cat <<EOF
@@ -89,11 +90,11 @@ done
 # size) and RECIPE_TRAIN (the recipe's fairseq-train flags)
 NO_FP16=()
 [[ $FP16 == 1 ]] || NO_FP16=(--no-fp16)
-RECIPE_SH="$("$PYTHON" "$EXAMPLE_DIR/recipes.py" shell --recipe "$RECIPE" --variant "$VARIANT" \
+RECIPE_SH="$("$PYTHON" "$PIPELINE_DIR/recipes.py" shell --recipe "$RECIPE" --variant "$VARIANT" \
     --size "$SIZE" "${NO_FP16[@]}")" || exit 1
 eval "$RECIPE_SH"
 [[ -n "$DATA_BIN" ]] || die "--data-bin is required (the --dest of prepare.sh)"
-SAVE_DIR=${SAVE_DIR:-$EXAMPLE_DIR/checkpoints/${VARIANT}_${SIZE}}
+SAVE_DIR=${SAVE_DIR:-$PIPELINE_DIR/checkpoints/${VARIANT}_${SIZE}}
 for v in MAX_EPOCH WARMUP SEED LOG_INTERVAL NODE_RANK MASTER_PORT GPUS NNODES MAX_TOKENS \
     UPDATE_FREQ MAX_UPDATE; do
     option=${v,,}
@@ -103,17 +104,6 @@ done
 NNODES=$((10#$NNODES))
 ((NODE_RANK < NNODES)) || die "--node-rank must be below --nnodes ($NNODES), got '$NODE_RANK'"
 
-# set_flag FLAG VALUE: replace the recipe's value of FLAG in RECIPE_TRAIN
-set_flag() {
-    local i
-    for i in "${!RECIPE_TRAIN[@]}"; do
-        if [[ "${RECIPE_TRAIN[i]}" == "$1" ]]; then
-            RECIPE_TRAIN[i + 1]=$2
-            return 0
-        fi
-    done
-    RECIPE_TRAIN+=("$1" "$2")
-}
 # Flags train.sh builds itself (the model from --variant/--size, the rest from its options):
 # after "--" they are refused, as fairseq-train would take the last value and train another
 # model, or batch, than the one train.sh logs and checks.
@@ -182,5 +172,5 @@ if [[ $DRY_RUN == 1 ]]; then
     exit 0
 fi
 [[ -f "$DATA_BIN/dict.$SRC.txt" ]] || die "$DATA_BIN/dict.$SRC.txt: missing (run prepare.sh, or fix --data-bin)"
-tools check-data-bin --src $SRC --tgt $TGT "$DATA_BIN" || exit 1
+wmt_tools check-data-bin --src $SRC --tgt $TGT "$DATA_BIN" || exit 1
 stage_train
