@@ -95,7 +95,9 @@ def sentence_finding(captions: Sequence[str], known_words: Sequence[str], n_ques
         qid = f"{title}-{seed}-{len(paragraphs)}"
         if impossible and rng.random() < impossible:
             other = rng.choice(captions)
-            phrases = [p for p in known_phrases(other, known) if not _contains_phrase(context, p)]
+            phrases = [p for p in known_phrases(other, known)
+                       if any(not _contains_phrase(context, w)
+                              for w in p.split() if w.lower() not in STOPWORDS)]  # fmt: skip
             if other in chosen or not phrases:
                 continue
             qa = {"id": qid, "question": rng.choice(phrases) + "?", "answers": [],

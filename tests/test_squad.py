@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import REPO_ROOT
+from harness import REPO_ROOT, pipeline_module
 
 from realformer_fairseq.squad import decoding, evaluation, features
 from realformer_fairseq.squad.features import (
@@ -396,8 +396,6 @@ def one_error_line(proc, prog="realformer-squad-eval"):
 
 # ------------------------------------------------------------------ the recipe
 
-sys.path.insert(0, str(REPO_ROOT / "examples" / "squad"))
-
 
 @pytest.mark.parametrize("version,examples,batch,updates,warmup", [
     # SQuAD v1.1 train has 87,599 questions, v2.0 130,319; README.md: --train_batch_size=12 (v1.1,
@@ -406,7 +404,7 @@ sys.path.insert(0, str(REPO_ROOT / "examples" / "squad"))
     ("2.0", 130319, 24, 10859, 1085),
 ])  # fmt: skip
 def test_recipe_is_berts(version, examples, batch, updates, warmup):
-    import recipes as squad_recipe
+    squad_recipe = pipeline_module("squad", "recipes")
 
     flags = {f: v for f, v, _ in squad_recipe.recipe(version, examples)}
     assert flags["--batch-size"] == str(batch)
@@ -433,7 +431,7 @@ def test_recipe_is_berts(version, examples, batch, updates, warmup):
 def test_recipe_sources_quote_berts_files():
     """Each cited line of google-research/bert holds the value (the lines as in commit
     eedf571, written here): README.md's SQuAD commands and run_squad.py's flags."""
-    import recipes as squad_recipe
+    squad_recipe = pipeline_module("squad", "recipes")
 
     readme = {535: "--train_batch_size=12", 536: "--learning_rate=3e-5", 537: "--num_train_epochs=2.0",
               538: "--max_seq_length=384", 539: "--doc_stride=128", 618: "--train_batch_size=24",
@@ -498,10 +496,10 @@ def test_span_head_loss_is_run_squads(tmp_path):
 def tiny_squad(tmp_path_factory):
     """The TF fixture imported (a model written by Google's realformer.py code, 64 positions,
     uncased 71-token vocabulary) and a small SQuAD v2.0 data-bin of its vocabulary."""
+    from harness import realformer_tf_fixture
+
     from realformer_fairseq.cli import squad as squad_cli
     from realformer_fairseq.tf_import.bert_checkpoint import convert_checkpoint
-
-    from harness import realformer_tf_fixture
 
     root = tmp_path_factory.mktemp("tiny_squad")
     convert_checkpoint(str(realformer_tf_fixture("model.ckpt")), str(realformer_tf_fixture("bert_config.json")),

@@ -89,8 +89,11 @@ stage predict "checkpoint=$CHECKPOINT data=$DATA_BIN subset=$SUBSET threshold=${
 "$PYTHON" -c 'import json, sys
 results = json.load(open(sys.argv[1], encoding="utf-8"))
 for run in results["runs"]:
-    how = " (best_f1_thresh)" if "chosen_by" in run else ""
-    print("SQuAD v%s %s, null threshold %g%s, answers in %s:" % (results["squad_version"],
-          results["data"], run["null_score_diff_threshold"], how, run["dir"]))
+    how = ""
+    if results["squad_version"] == "2.0":
+        how = ", null threshold %g%s" % (run["null_score_diff_threshold"],
+                                         " (best_f1_thresh)" if "chosen_by" in run else "")
+    print("SQuAD v%s %s%s, answers in %s:" % (results["squad_version"], results["data"], how,
+                                              run["dir"]))
     print(json.dumps(run["scores"]))' "$OUT_DIR/scores.json"
 log "scores in $OUT_DIR/scores.json"

@@ -74,10 +74,14 @@ TRAIN_EXAMPLES="$(squad_setting subsets.train.examples)"
 DATA_CASING="$(squad_setting casing)"
 DATA_LAYOUT="$(squad_setting pair_layout)"
 # the model: it must be the one the data-bin was made for (casing, pair layout, vocabulary)
+# (prepare.sh read the model it records in prepare.env; another checkpoint is read here)
 CASE_FLAG=--uncased
 [[ "$DATA_CASING" == cased ]] && CASE_FLAG=--cased
-INFO_SH="$(tools model-info --model "$CHECKPOINT" "$CASE_FLAG" --pair-layout "$DATA_LAYOUT")" || exit 1
-eval "$INFO_SH"
+MODEL_DICT="" MODEL_VOCAB=""
+if [[ "$(sed -n 's/^MODEL=//p' "$DATA_BIN/prepare.env")" != "$CHECKPOINT" ]]; then
+    INFO_SH="$(tools model-info --model "$CHECKPOINT" "$CASE_FLAG" --pair-layout "$DATA_LAYOUT")" || exit 1
+    eval "$INFO_SH"
+fi
 if [[ -n "$MODEL_DICT" && -f "$MODEL_DICT" ]] && ! cmp -s "$MODEL_DICT" "$DATA_BIN/dict.txt"; then
     die "$DATA_BIN/dict.txt is not the model's dictionary $MODEL_DICT (prepare.sh --model the same model)"
 fi
@@ -150,7 +154,7 @@ WORDPIECE=(--bpe wordpiece --wordpiece-vocab "$DATA_BIN/vocab.txt")
 [[ "$DATA_CASING" == cased ]] && WORDPIECE+=(--wordpiece-cased)
 TRAIN_CMD=(
     "$(bin_of fairseq-train)" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
-    "${RECIPE_TRAIN[@]}" "${WORDPIECE[@]}" --finetune-from-model "$CHECKPOINT" --save-dir "$SAVE_DIR"
+    ${MODEL_MAX_POSITIONS:+--max-positions "$MODEL_MAX_POSITIONS"} "${RECIPE_TRAIN[@]}" "${WORDPIECE[@]}" --finetune-from-model "$CHECKPOINT" --save-dir "$SAVE_DIR"
 )
 if [[ $CPU == 1 ]]; then
     TRAIN_CMD+=(--cpu)
