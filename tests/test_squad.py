@@ -346,30 +346,37 @@ def test_v11_data_scores_equal_the_v11_script():
 
 
 def run_eval(*args):
-    return subprocess.run([sys.executable, "-m", "realformer_fairseq.cli.squad_eval", *map(str, args)],
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
+    """The console command as users type it."""
+    exe = Path(sys.executable).parent / "realformer-squad-eval"
+    return subprocess.run([str(exe), *map(str, args)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=120)  # fmt: skip
 
 
-def test_squad_eval_command_prints_one_json_line(tmp_path):
+def eval_in_process(capsys, *args):
+    """realformer-squad-eval's main in this process: (exit status, stdout, stderr)."""
+    from realformer_fairseq.cli import squad_eval
+
+    capsys.readouterr()
+    try:
+        code = squad_eval.main([str(a) for a in args])
+    except SystemExit as err:
+        code = err.code
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(args, code, out, err)
+
+
+def test_squad_eval_command_prints_one_json_line(tmp_path, capsys):
     """realformer-squad-eval DATA PRED --na-prob-file NA: one JSON line with the official keys
-    (the values of the test above); a missing prediction is one line naming the file and the
-    question."""
+    (the values of the test above); a missing prediction, a file that is not JSON: one line
+    naming the file (and the question)."""
     data = tmp_path / "dev.json"
     data.write_text(json.dumps({"version": "v2.0", "data": V2_DATA}))
     pred = tmp_path / "pred.json"
     pred.write_text(json.dumps(V2_PREDS))
     na = tmp_path / "na.json"
     na.write_text(json.dumps(V2_NA))
-    proc = run_eval(
-        data,
-        pred,
-        "--na-prob-file",
-        na,
-        "--na-prob-thresh",
-        "0.2",
-        "--out-file",
-        tmp_path / "e.json",
-    )
+    proc = run_eval(data, pred, "--na-prob-file", na, "--na-prob-thresh", "0.2",
+                    "--out-file", tmp_path / "e.json")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == 1
@@ -379,10 +386,12 @@ def test_squad_eval_command_prints_one_json_line(tmp_path):
     )
     assert json.loads((tmp_path / "e.json").read_text()) == out
     pred.write_text(json.dumps({k: v for k, v in V2_PREDS.items() if k != "q4"}))
-    proc = run_eval(data, pred)
+    proc = eval_in_process(capsys, data, pred)
     assert one_error_line(proc) == f"{pred}: no prediction for question q4 of {data}"
     pred.write_text("{not json")
-    assert one_error_line(run_eval(data, pred)).startswith(f"{pred}: not a JSON prediction file")
+    assert one_error_line(eval_in_process(capsys, data, pred)).startswith(
+        f"{pred}: not a JSON prediction file"
+    )
 
 
 def one_error_line(proc, prog="realformer-squad-eval"):

@@ -334,3 +334,28 @@ def test_finetune_command_is_berts_recipe(readme_run):
 def test_readme_recipe_table_is_the_recipe_module():
     recipes = pipeline_module("squad", "recipes")
     assert recipes.table_markdown() in (SQUAD / "README.md").read_text(encoding="utf-8")
+
+
+def test_stage_markers_see_changed_inputs(readme_run):
+    """Run again as printed, every stage is finished before (--dry-run says so); a SQuAD file
+    changed in place (same path, other content) makes prepare.sh's stage run again."""
+    root = readme_run["root"]
+    work = root / "squad_work" / "v2.0"
+    prepare = ["--model", root / "realformer_base_fs", "--squad-dir", root / "squad", "--version",
+               "2.0", "--work-dir", work, *TINY_FEATURES.split(), "--dry-run"]  # fmt: skip
+    assert ok(bash("prepare.sh", *prepare)).stdout.splitlines() == [
+        f"stage features: finished before ({work / 'stages' / 'features.done'})"]  # fmt: skip
+    evaluate = ok(bash("evaluate.sh", "--data-bin", work / "data-bin", "--checkpoint-dir",
+                       root / "squad_checkpoints" / "v2.0", "--cpu", "--dry-run"))  # fmt: skip
+    assert evaluate.stdout.splitlines()[0].startswith("stage predict: finished before")
+    dev = root / "squad" / "dev-v2.0.json"
+    original = dev.read_bytes()
+    stat = dev.stat()
+    try:
+        dev.write_bytes(original + b"\n")
+        os.utime(dev, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+        lines = ok(bash("prepare.sh", *prepare)).stdout.splitlines()
+        assert len(lines) == 1 and lines[0].startswith("stage features: to run"), lines
+    finally:
+        dev.write_bytes(original)
+        os.utime(dev, ns=(stat.st_atime_ns, stat.st_mtime_ns))
