@@ -610,7 +610,8 @@ def test_squad_task_refuses_what_contradicts_the_data_bin(tiny_squad):
         tasks.setup_task(convert_namespace_to_omegaconf(args).task)
     assert (
         str(err.value)
-        == f"--casing cased: the SQuAD data-bin {tiny_squad / 'bin'} was made with uncased"
+        == f"--casing cased (given, or a fine-tuned checkpoint's): the SQuAD data-bin "
+        f"{tiny_squad / 'bin'} was made with uncased"
     )
     settings = json.loads((tiny_squad / "bin" / "squad.json").read_text())
     assert settings["max_seq_length"] == 32 and settings["casing"] == "uncased"

@@ -74,22 +74,16 @@ TRAIN_EXAMPLES="$(squad_setting subsets.train.examples)"
 DATA_CASING="$(squad_setting casing)"
 DATA_LAYOUT="$(squad_setting pair_layout)"
 # the model: it must be the one the data-bin was made for (casing, pair layout, vocabulary)
-# (prepare.sh read the model it records in prepare.env; another checkpoint is read here)
 CASE_FLAG=--uncased
 [[ "$DATA_CASING" == cased ]] && CASE_FLAG=--cased
-MODEL_DICT="" MODEL_VOCAB=""
-if [[ "$(sed -n 's/^MODEL=//p' "$DATA_BIN/prepare.env")" != "$CHECKPOINT" ]]; then
-    INFO_SH="$(tools model-info --model "$CHECKPOINT" "$CASE_FLAG" --pair-layout "$DATA_LAYOUT")" || exit 1
-    eval "$INFO_SH"
-fi
+MODEL_SH="$(squad_model model --model "$CHECKPOINT" "$CASE_FLAG" --pair-layout "$DATA_LAYOUT")" || exit 1
+eval "$MODEL_SH" # what the model knows, and MODEL_ARCH, MODEL_FLAGS, MODEL_MAX_POSITIONS, MODEL_TASK
 if [[ -n "$MODEL_DICT" && -f "$MODEL_DICT" ]] && ! cmp -s "$MODEL_DICT" "$DATA_BIN/dict.txt"; then
     die "$DATA_BIN/dict.txt is not the model's dictionary $MODEL_DICT (prepare.sh --model the same model)"
 fi
 if [[ -n "$MODEL_VOCAB" && -f "$MODEL_VOCAB" ]] && ! cmp -s "$MODEL_VOCAB" "$DATA_BIN/vocab.txt"; then
     die "$DATA_BIN/vocab.txt is not the model's vocabulary $MODEL_VOCAB (prepare.sh --model the same model)"
 fi
-FLAGS_SH="$(tools model-flags --checkpoint "$CHECKPOINT")" || exit 1
-eval "$FLAGS_SH" # MODEL_ARCH, MODEL_FLAGS, MODEL_MAX_POSITIONS, MODEL_TYPE_VOCAB_SIZE, MODEL_TASK
 [[ "$MODEL_TASK" != squad ]] || warn "$CHECKPOINT is already a SQuAD checkpoint (fine-tuned); its span head loads as well"
 
 # RECIPE_TRAIN and P_* (recipes.py)

@@ -87,12 +87,14 @@ whole_number --max-query-length "$MAX_QUERY_LENGTH" 1
 case "$UNTIL" in "" | features) ;; *) die "--until: unknown stage '$UNTIL'" ;; esac
 
 # what the model knows: MODEL_CHECKPOINT, MODEL_TOKENIZER, MODEL_CASED, MODEL_PAIR_LAYOUT,
-# MODEL_VOCAB, MODEL_DICT (an explicit flag that contradicts it stops here)
+# MODEL_VOCAB, MODEL_DICT (an explicit flag that contradicts it stops here), and its flags:
+# MODEL_ARCH, MODEL_FLAGS, MODEL_MAX_POSITIONS, ... (squad_model.py: the shared model-info and
+# model-flags from one read of the checkpoint)
 INFO_ARGS=(--model "$MODEL")
 [[ -z "$CASE_FLAG" ]] || INFO_ARGS+=("$CASE_FLAG")
 [[ -z "$LAYOUT_FLAG" ]] || INFO_ARGS+=(--pair-layout "$LAYOUT_FLAG")
 [[ -z "$VOCAB_FLAG" ]] || INFO_ARGS+=(--tokenizer wordpiece)
-INFO_SH="$(tools model-info "${INFO_ARGS[@]}")" || exit 1
+INFO_SH="$(squad_model model "${INFO_ARGS[@]}")" || exit 1
 eval "$INFO_SH"
 case "$MODEL_TOKENIZER" in
 wordpiece | "") ;;
@@ -104,8 +106,6 @@ MODEL_VOCAB=${VOCAB_FLAG:-$MODEL_VOCAB}
 MODEL_DICT=${DICT_FLAG:-$MODEL_DICT}
 [[ -n "$MODEL_VOCAB" && -f "$MODEL_VOCAB" ]] || die "$MODEL: no WordPiece vocab.txt recorded or beside it (--wordpiece-vocab FILE)"
 [[ -n "$MODEL_DICT" && -f "$MODEL_DICT" ]] || die "$MODEL: no dict.txt recorded or beside it (--dict FILE)"
-FLAGS_SH="$(tools model-flags --checkpoint "$MODEL_CHECKPOINT")" || exit 1
-eval "$FLAGS_SH" # MODEL_MAX_POSITIONS ...
 [[ -z "$MODEL_MAX_POSITIONS" || "$MAX_SEQ_LENGTH" -le "$MODEL_MAX_POSITIONS" ]] ||
     die "--max-seq-length $MAX_SEQ_LENGTH: the model has only $MODEL_MAX_POSITIONS positions (run_squad.py refuses it too; pass --max-seq-length $MODEL_MAX_POSITIONS)"
 CASED=$MODEL_CASED

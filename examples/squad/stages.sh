@@ -2,6 +2,10 @@
 # ../common/pipeline.sh): one function per stage, and what each stage reads (inputs_NAME, which
 # run_stage fingerprints so that a changed file redoes the stage).
 
+# squad_model model --model M [...]: the shared model-info and model-flags assignments from one
+# read of the checkpoint (squad_model.py)
+squad_model() { "$PYTHON" "$PIPELINE_DIR/squad_model.py" "$@"; }
+
 # squad_setting KEY [DATA_BIN]: a value of the SQuAD data-bin's squad.json (plain Python: fast)
 squad_setting() {
     "$PYTHON" -c 'import json, sys

@@ -122,8 +122,8 @@ class SquadTask(FairseqTask):
                     setattr(cfg, key, recorded)
                 elif str(given) != str(recorded):
                     raise RealformerConfigError(
-                        f"--{key.replace('_', '-')} {given}: the SQuAD data-bin {cfg.data} was "
-                        f"made with {recorded}"
+                        f"--{key.replace('_', '-')} {given} (given, or a fine-tuned checkpoint's): "
+                        f"the SQuAD data-bin {cfg.data} was made with {recorded}"
                     )
         dictionary = cls.load_dictionary(os.path.join(cfg.data, "dict.txt"))
         logger.info(
