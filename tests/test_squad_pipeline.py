@@ -372,3 +372,16 @@ def test_evaluate_refuses_a_checkpoint_that_is_not_fine_tuned(readme_run, tmp_pa
                 "--checkpoint", model, "--out-dir", tmp_path / "eval", "--cpu")  # fmt: skip
     message = one_error_line(proc, prog="realformer-squad")
     assert message == f"{model} is a masked_lm checkpoint, not a fine-tuned SQuAD one (task squad)"
+
+
+def test_evaluate_reads_the_data_bin_given(readme_run, tmp_path):
+    """A copy of the data-bin elsewhere (the checkpoint records the one it was trained on):
+    the answers and scores are evaluate.sh's."""
+    root = readme_run["root"]
+    copy = shutil.copytree(root / "squad_work" / "v2.0" / "data-bin", tmp_path / "moved")
+    ok(bash("evaluate.sh", "--data-bin", copy, "--checkpoint-dir", root / "squad_checkpoints" / "v2.0",
+            "--out-dir", tmp_path / "eval", "--cpu", "--no-tune"))  # fmt: skip
+    scores = json.loads((tmp_path / "eval" / "scores.json").read_text())
+    assert scores["data_bin"] == str(copy)
+    assert scores["runs"][0]["scores"] == scores_of(root)["runs"][0]["scores"]
+    assert len(scores["runs"]) == 1

@@ -93,14 +93,15 @@ def predict_subset(
     if score:
         source = data_settings["subsets"][subset]["source"]
         gold = squad_data_bin.read_source(data_settings, subset)
-    state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint)
+    overrides = {"data": data_bin}  # the data-bin given, not the one it was trained on
+    state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides=overrides)
     task_name = state["cfg"]["task"]["_name"]
     if task_name != "squad":
         raise RealformerConfigError(
             f"{checkpoint} is a {task_name} checkpoint, not a fine-tuned SQuAD one (task squad)"
         )
     models, cfg, task = checkpoint_utils.load_model_ensemble_and_task(
-        [checkpoint], arg_overrides={"data": data_bin}, state=state
+        [checkpoint], arg_overrides=overrides, state=state
     )
     if os.path.abspath(task.cfg.data) != data_bin:  # fairseq drops arg_overrides given a state
         raise RuntimeError(f"internal: the task reads {task.cfg.data}, not {data_bin}")
