@@ -73,24 +73,36 @@ def _case_flag(args) -> Optional[bool]:
 def cmd_model_info(args):
     """bash assignments of what the model knows (model_info.ModelInfo.shell), after checking
     the user's explicit choices against it."""
-    from .model_info import check_agrees, read_model_info
+    from .model_info import check_agrees, check_data_fits, read_model_info, vocabulary_info
 
+    if args.vocab:
+        print(vocabulary_info(args.vocab, _case_flag(args)).shell())
+        return
     info = read_model_info(args.model)
     given = [f for f, on in (("--cased", args.cased), ("--uncased", args.uncased)) if on]
     if args.pair_layout:
         given.append(f"--pair-layout {args.pair_layout}")
     check_agrees(info, cased=_case_flag(args), pair_layout=args.pair_layout or None,
                  tokenizer=args.tokenizer or None, flags=" ".join(given))  # fmt: skip
+    if args.data_bin:
+        check_data_fits(info, args.data_bin)
     print(info.shell())
 
 
 def cmd_model_flags(args):
     """bash assignments: MODEL_ARCH, MODEL_FLAGS (array), MODEL_MAX_POSITIONS,
-    MODEL_TYPE_VOCAB_SIZE, MODEL_TASK (the checkpoint's task)."""
+    MODEL_TYPE_VOCAB_SIZE, MODEL_TASK (the checkpoint's task), then what the model knows
+    (model-info's assignments, after the same checks)."""
     from .checkpoints import cfg_get, load_checkpoint, model_flags
-    from .model_info import model_checkpoint
+    from .model_info import check_agrees, check_data_fits, info_from_state, model_checkpoint
 
-    checkpoint = load_checkpoint(model_checkpoint(args.checkpoint))
+    path = model_checkpoint(args.checkpoint)
+    checkpoint = load_checkpoint(path)
+    info = info_from_state(checkpoint, path)
+    check_agrees(info, pair_layout=args.pair_layout or None,
+                 flags=f"--pair-layout {args.pair_layout}" if args.pair_layout else "")  # fmt: skip
+    if args.data_bin:
+        check_data_fits(info, args.data_bin)
     drop = [d for d in args.drop.split(",") if d] + ["max_positions"]
     arch, flags, facts = model_flags(checkpoint, drop)
     task = cfg_get(checkpoint["cfg"].get("task") or {}, "_name", "")
@@ -99,6 +111,7 @@ def cmd_model_flags(args):
     print(f"MODEL_MAX_POSITIONS={facts['max_positions'] or ''}")
     print(f"MODEL_TYPE_VOCAB_SIZE={facts['type_vocab_size']}")
     print(f"MODEL_TASK={shlex.quote(str(task or ''))}")
+    print(info.shell())
 
 
 def get_parser() -> argparse.ArgumentParser:
@@ -158,17 +171,26 @@ def get_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=cmd_lowercase)
 
     s = sub.add_parser("model-info", help="bash assignments: what a model knows")
-    s.add_argument("--model", required=True, help="a checkpoint, or a model folder (model.pt)")
+    what = s.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="a checkpoint, or a model folder (model.pt)")
+    what.add_argument("--vocab", help="a bare WordPiece vocab.txt (no model with it)")
     case = s.add_mutually_exclusive_group()
     case.add_argument("--cased", action="store_true", help="stop unless the model is cased")
     case.add_argument("--uncased", action="store_true", help="stop unless the model is uncased")
-    s.add_argument("--pair-layout", default="", help="stop unless the model reads pairs so")
+    s.add_argument(
+        "--pair-layout", default="", help="stop unless the model reads pairs so (or may)"
+    )
     s.add_argument("--tokenizer", default="", help="stop unless the model was trained with it")
+    s.add_argument("--data-bin", default="", help="stop unless it was prepared for the model")
     s.set_defaults(fn=cmd_model_info)
 
     s = sub.add_parser("model-flags", help="bash assignments: a checkpoint's model flags")
     s.add_argument("--checkpoint", required=True, help="a checkpoint, or a model folder")
     s.add_argument("--drop", default="", help="comma list of model arguments left out")
+    s.add_argument(
+        "--pair-layout", default="", help="stop unless the model reads pairs so (or may)"
+    )
+    s.add_argument("--data-bin", default="", help="stop unless it was prepared for the model")
     s.set_defaults(fn=cmd_model_flags)
     return p
 

@@ -422,6 +422,33 @@ def test_readme_recipe_table_is_the_recipe_module():
     assert table in (GLUE / "README.md").read_text(encoding="utf-8")
 
 
+# GLUE's metric of each task (Wang et al. 2018, arXiv 1804.07461, Table 1), written out here
+GLUE_METRICS = {"CoLA": "mcc", "SST-2": "accuracy", "MRPC": "acc_and_f1",
+                "STS-B": "pearson_and_spearman", "QQP": "acc_and_f1", "MNLI": "accuracy",
+                "QNLI": "accuracy", "RTE": "accuracy", "WNLI": "accuracy"}  # fmt: skip
+
+
+def test_the_metric_that_selects_checkpoints_has_one_source(monkeypatch):
+    """Training (the recipe's --best-checkpoint-metric and the criterion flag that logs it) and
+    evaluation (evaluate.sh's selection, Task.primary) select by GLUE's metric of the task, read
+    from one table: changing it there changes both (before: recipes.BEST_METRIC and
+    glue_tools' Task.primary, two tables)."""
+    import dataclasses
+
+    recipes = pipeline_module("glue", "recipes")
+    glue_tasks = pipeline_module("glue", "glue_tasks")
+    for task, metric in GLUE_METRICS.items():
+        flags = {flag: value for flag, value, _ in recipes.recipe(task)}
+        assert flags["--best-checkpoint-metric"] == metric == glue_tasks.TASKS[task].primary
+        report = {"mcc": "--report-mcc", "acc_and_f1": "--report-acc-and-f1",
+                  "pearson_and_spearman": "--report-pearson-and-spearman"}.get(metric)  # fmt: skip
+        assert [f for f in flags if f.startswith("--report-")] == ([report] if report else [])
+    rte = dataclasses.replace(glue_tasks.TASKS["RTE"], primary="mcc")
+    monkeypatch.setitem(glue_tasks.TASKS, "RTE", rte)
+    flags = {flag: value for flag, value, _ in recipes.recipe("RTE")}
+    assert flags["--best-checkpoint-metric"] == "mcc" and "--report-mcc" in flags
+
+
 # ------------------------------------------------------------------ model flags of a checkpoint
 
 
@@ -804,6 +831,94 @@ def test_wordpiece_model_gets_berts_pair_layout(readme_run):
 
 
 # ------------------------------------------------------------------ the README
+
+
+# ------------------------------------------------------------------ what the model knows
+
+# The TF fixture's vocabulary with two capitalised words in place of [unused0] / [unused1] (the
+# same 71 tokens: the checkpoint imports): a cased vocabulary, which realformer-import-tf
+# detects and stores in model.pt.
+CASED_WORDS = {"[unused0]": "The", "[unused1]": "Cat"}
+CASED_PAIR = ("The Cat sat on the mat .", "the cat is red .")
+# BERT's tokenisation of CASED_PAIR[0] by that vocabulary (google-research/bert tokenization.py:
+# do_lower_case=False keeps "The" / "Cat"; do_lower_case=True gives "the" / "cat")
+CASED_PIECES = "The Cat sat on the mat ."
+UNCASED_PIECES = "the cat sat on the mat ."
+
+
+@pytest.fixture(scope="module")
+def cased_model(tmp_path_factory):
+    """realformer-import-tf of the TF fixture with the cased vocabulary (no casing flag), and an
+    RTE folder whose dev pair is CASED_PAIR."""
+    root = tmp_path_factory.mktemp("cased")
+    vocab = [CASED_WORDS.get(t, t) for t in lines(realformer_tf_fixture("vocab.txt"))]
+    (root / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
+    ok(subprocess.run(
+        [Path(sys.executable).parent / "realformer-import-tf", "--tf-checkpoint",
+         realformer_tf_fixture("model.ckpt"), "--bert-config",
+         realformer_tf_fixture("bert_config.json"), "--vocab", root / "vocab.txt",
+         "--out", root / "model"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    ))  # fmt: skip
+    glue = write_glue(root / "glue", ["RTE"])
+    header, *rows = FIXTURES["RTE"]["dev.tsv"]
+    write_tsv(glue / "RTE" / "dev.tsv", [header, ["0", *CASED_PAIR, "entailment"]])
+    return root
+
+
+def test_casing_travels_from_the_imported_model_to_glue_data(cased_model):
+    """A cased import: GLUE data prepared with the documented commands (--model DIR, and the
+    vocabulary of the imported folder) keeps the capitals (before: --wordpiece-vocab lower-cased
+    unless --cased was added); the model's casing is in model_args.txt and prepare.env; a
+    contradicting --uncased stops with one line; realformer-wordpiece --model tokenises as the
+    model was trained."""
+    model, glue = cased_model / "model", cased_model / "glue"
+    args = (model / "model_args.txt").read_text().split()
+    assert "--wordpiece-cased" in args and "--wordpiece-uncased" not in args
+    assert args[args.index("--bpe") + 1 : args.index("--bpe") + 4] == [
+        "wordpiece", "--wordpiece-vocab", str(model / "vocab.txt")]  # fmt: skip
+    for name, how in (("model", ["--model", model]),
+                      ("vocab", ["--wordpiece-vocab", model / "vocab.txt"])):  # fmt: skip
+        work = cased_model / f"w-{name}"
+        ok(bash("prepare.sh", "--task", "RTE", "--glue-dir", glue, *how, "--work-dir", work,
+                "--workers", "1", "--until", "tokenize"))  # fmt: skip
+        assert lines(work / "tok" / "valid.input0") == [CASED_PIECES], name
+    proc = bash("prepare.sh", "--task", "RTE", "--glue-dir", glue, "--model", model, "--uncased",
+                "--work-dir", cased_model / "w-uncased", "--workers", "1", "--until", "split")  # fmt: skip
+    one_error_line(proc, f"--uncased: the model {model / 'model.pt'} is cased")
+    assert not (cased_model / "w-uncased" / "split").exists()
+    wordpiece = Path(sys.executable).parent / "realformer-wordpiece"
+    proc = ok(subprocess.run([wordpiece, "--model", model], input=CASED_PAIR[0] + "\n",
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))  # fmt: skip
+    assert proc.stdout == CASED_PIECES + "\n"
+    proc = subprocess.run([wordpiece, "--model", model, "--uncased"], input="x\n",
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines()[-1] == (
+        f"realformer-wordpiece: error: --uncased: the model {model / 'model.pt'} is cased (its "
+        "--bpe wordpiece settings); leave the flag out to use the model's"
+    )
+
+
+def test_finetuning_carries_the_models_casing_and_refuses_other_data(cased_model):
+    """finetune.sh repeats the model's tokenisation (--bpe wordpiece, its vocabulary,
+    --wordpiece-cased) so that the fine-tuned checkpoint knows it, and stops with one line on
+    data prepared uncased for the cased model."""
+    model = cased_model / "model"
+    work = cased_model / "w-finetune"
+    ok(bash("prepare.sh", "--task", "RTE", "--glue-dir", cased_model / "glue", "--model", model,
+            "--work-dir", work, "--workers", "1"))  # fmt: skip
+    proc = ok(bash("finetune.sh", "--task", "RTE", "--data-bin", work / "data-bin",
+                   "--checkpoint", model / "model.pt", "--cpu", "--dry-run"))  # fmt: skip
+    words = shlex.split(proc.stdout)
+    at = words.index("--bpe")
+    assert words[at : at + 5] == [
+        "--bpe", "wordpiece", "--wordpiece-vocab", str(model / "vocab.txt"), "--wordpiece-cased"]  # fmt: skip
+    # the same data-bin, as prepare.sh would have written it for an uncased model
+    env = work / "data-bin" / "prepare.env"
+    env.write_text(env.read_text().replace("CASED=1", "CASED=0"))
+    proc = bash("finetune.sh", "--task", "RTE", "--data-bin", work / "data-bin", "--checkpoint",
+                model / "model.pt", "--cpu", "--dry-run")  # fmt: skip
+    one_error_line(proc, f"{work / 'data-bin'} was prepared uncased, the model "
+                   f"{model / 'model.pt'} is cased")  # fmt: skip
 
 
 def readme_blocks():

@@ -63,7 +63,7 @@ def test_without_matplotlib_the_plugin_imports_and_attention_stats_says_so_in_on
     argv = ["--path", str(tmp_path / "none.pt"), "--input", str(tmp_path / "none.txt")]
     argv += ["--out-dir", str(tmp_path / "out")]
     proc = python(run_cli, *argv)
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
     imported = json.loads(proc.stdout.strip().splitlines()[0])
     assert "realformer_fairseq.cli.attention_plots" in imported["modules"]
     assert imported["loaded"] == []
@@ -74,7 +74,7 @@ def test_without_matplotlib_the_plugin_imports_and_attention_stats_says_so_in_on
         "--no-plots"
     )
     proc = python(run_cli, *argv, "--no-plots")
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         f"realformer-attention-stats: error: --input {tmp_path / 'none.txt'}: no such file"
     )

@@ -314,6 +314,36 @@ def test_uncased_vocabulary_is_recognised():
     assert not cased.looks_uncased()
 
 
+def test_bpe_wordpiece_casing_follows_the_vocabulary_unless_told(tmp_path):
+    """fairseq's --bpe wordpiece, built through fairseq's BPE registry as every fairseq command
+    and the hub build it: without a casing flag a cased vocabulary gives a cased tokeniser (before:
+    always uncased), an uncased one an uncased tokeniser; --wordpiece-cased / --wordpiece-uncased
+    decide; a checkpoint of before --wordpiece-uncased stored wordpiece_cased=False for its
+    uncased models, which stays uncased."""
+    import argparse
+
+    from fairseq.data import encoders
+
+    cased_vocab = tmp_path / "cased.txt"
+    cased_vocab.write_text(
+        "\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "The", "the", "cat"]) + "\n",
+        encoding="utf-8",
+    )
+    uncased_vocab = fixture_dir() / "vocab.txt"
+
+    def bpe(vocab, **flags):
+        return encoders.build_bpe(
+            argparse.Namespace(bpe="wordpiece", wordpiece_vocab=str(vocab), **flags)
+        )
+
+    assert bpe(cased_vocab).encode("The cat") == "The cat"
+    assert bpe(cased_vocab, wordpiece_cased=None).encode("The cat") == "The cat"
+    assert bpe(cased_vocab, wordpiece_uncased=True).encode("The cat") == "the cat"
+    assert bpe(cased_vocab, wordpiece_cased=False).encode("The cat") == "the cat"  # old checkpoints
+    assert bpe(uncased_vocab).encode("The cat") == "the cat"
+    assert bpe(uncased_vocab, wordpiece_cased=True).encode("The cat") == "<unk> cat"
+
+
 def test_wordpiece_command_line(tmp_path):
     src = tmp_path / "in.txt"
     src.write_text("The cat sat on the mat.\nShe reads a book\n", encoding="utf-8")

@@ -7,6 +7,7 @@ float64 reference (generator/reference_forward.py), never the code under test.
 """
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -488,6 +489,50 @@ def test_bad_checkpoints_are_refused_naming_what_is_wrong(tmp_path, change, mess
     assert not (tmp_path / "out" / "model.pt").exists()
 
 
+@pytest.mark.parametrize("existing", [False, True])
+def test_a_failing_import_leaves_no_out_dir(tmp_path, monkeypatch, existing):
+    """OUT_DIR appears whole or not at all: the import fails after dict.txt and vocab.txt are
+    written (here: building the model fails) and leaves no OUT_DIR, and no temporary folder
+    beside it (before: OUT_DIR with dict.txt and vocab.txt and no model.pt); an OUT_DIR that held
+    other files (the download itself) keeps exactly them. Then the import succeeds."""
+    from realformer_fairseq.tf_import import bert_checkpoint
+
+    tf = tmp_path / "tf"
+    synthetic_checkpoint(tf, small_config(), shuffled_vocab(34, seed=1), seed=1)
+    out = tmp_path / "imports" / "out"
+    if existing:
+        out.mkdir(parents=True)
+        (out / "README").write_text("the user's file\n")
+    build = bert_checkpoint.build_fairseq_checkpoint
+    written = []
+
+    def failing_build(train_args, state, heads):
+        data_dir = train_args[0]
+        written.extend(sorted(os.listdir(data_dir)))  # what the import had written by then
+        raise BertCheckpointError("simulated failure while building the model")
+
+    monkeypatch.setattr(bert_checkpoint, "build_fairseq_checkpoint", failing_build)
+    args = (str(tf / "model.ckpt"), str(tf / "bert_config.json"), str(tf / "vocab.txt"), str(out))
+    with pytest.raises(BertCheckpointError, match="simulated failure"):
+        convert_checkpoint(*args)
+    assert written == ["dict.txt", "vocab.txt"]
+    if existing:
+        assert sorted(p.name for p in out.iterdir()) == ["README"]
+    else:
+        assert not out.exists()
+    assert sorted(p.name for p in out.parent.iterdir()) == (["out"] if existing else [])
+    monkeypatch.setattr(bert_checkpoint, "build_fairseq_checkpoint", build)
+    convert_checkpoint(*args)
+    expected = ["dict.txt", "model.pt", "model_args.txt", "vocab.txt"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(expected + ["README"] * existing)
+    assert sorted(p.name for p in out.parent.iterdir()) == ["out"]
+    # the paths the model records are OUT_DIR's, not the temporary folder's
+    cfg = torch.load(out / "model.pt", weights_only=False)["cfg"]
+    assert cfg["task"]["data"] == str(out)
+    assert cfg["bpe"]["wordpiece_vocab"] == str(out / "vocab.txt")
+    assert str(out / "vocab.txt") in (out / "model_args.txt").read_text()
+
+
 def test_command_line_error_is_one_line(tmp_path):
     tf = tmp_path / "tf"
     synthetic_checkpoint(
@@ -535,4 +580,9 @@ def test_casing_travels_with_the_checkpoint(imported, tmp_path):
     hub = load_hub(tmp_path)
     assert hub.bpe.tokenizer.lowercase is False
     assert hub.bpe.encode("The book") == "<unk> book"
-    assert "--wordpiece-cased" not in (tmp_path / "model_args.txt").read_text()
+    # model_args.txt repeats the tokenisation with its casing (a fine-tuning command that
+    # repeats it gives a checkpoint that knows it too)
+    for out_dir, case in ((imported[0], "--wordpiece-uncased"), (tmp_path, "--wordpiece-cased")):
+        args = (out_dir / "model_args.txt").read_text().split()
+        assert args[args.index("--bpe") :][:5] == [
+            "--bpe", "wordpiece", "--wordpiece-vocab", str(out_dir / "vocab.txt"), case]  # fmt: skip

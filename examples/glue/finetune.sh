@@ -18,13 +18,15 @@ usage: finetune.sh --task TASK --data-bin DIR --checkpoint FILE [--save-dir DIR]
   --task TASK        CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE or WNLI
   --data-bin DIR     the --dest of prepare.sh for this task
   --checkpoint FILE  the pre-trained model (a masked_lm checkpoint of this plugin, or the
-                     model.pt of realformer-import-tf); its --arch and every model flag that
-                     differs from the arch's defaults are repeated in the command
+                     model.pt of realformer-import-tf); its --arch, every model flag that
+                     differs from the arch's defaults and its tokenisation (--bpe ...) are
+                     repeated in the command; --data-bin must be prepared for it
   --save-dir DIR     default: ./glue_checkpoints/TASK
   --arch ARCH        only checked against the checkpoint's (or used by --dry-run without one)
   --pair-layout L    roberta: <s> A </s> </s> B </s> (--separator-token 2, fairseq's recipe);
-                     bert: <s> A </s> B </s> (BERT's [CLS] A [SEP] B [SEP]); default: bert for
-                     a model with token types (an imported BERT checkpoint), else roberta
+                     bert: <s> A </s> B </s> (BERT's [CLS] A [SEP] B [SEP]); default: the
+                     model's (bert for a model with token types, an imported BERT checkpoint,
+                     else roberta); for a model pre-trained on pairs the other one stops
   --lr, --batch-size, --max-update (also --total-num-update), --warmup, --max-epoch, --seed,
   --log-interval     replace the recipe's value
   --cpu              train on CPU (no fp16)
@@ -89,9 +91,18 @@ done
 SAVE_DIR=${SAVE_DIR:-$PWD/glue_checkpoints/$TASK}
 
 # the model: MODEL_ARCH, MODEL_FLAGS, MODEL_MAX_POSITIONS, MODEL_TYPE_VOCAB_SIZE, MODEL_TASK
-# (the recipe's --dropout / --attention-dropout win over the pre-training run's)
+# (the recipe's --dropout / --attention-dropout win over the pre-training run's), and what it
+# knows (realformer_pipelines.model_info): MODEL_PAIR_LAYOUT, MODEL_BPE_FLAGS (its tokenisation,
+# repeated so that the fine-tuned checkpoint knows it too), ...; an explicit --pair-layout that
+# contradicts a model trained on pairs, or a data-bin prepared with another tokenisation, casing
+# or dictionary than the model's, stops here with one line
+MODEL_BPE_FLAGS=()
+MODEL_PAIR_LAYOUT=""
 if [[ -f "$CHECKPOINT" ]]; then
-    MODEL_SH="$(tools model-flags --checkpoint "$CHECKPOINT" --drop dropout,attention_dropout)" || exit 1
+    CHECK_DATA=()
+    [[ ! -f "$DATA_BIN/prepare.env" ]] || CHECK_DATA=(--data-bin "$DATA_BIN")
+    MODEL_SH="$(tools model-flags --checkpoint "$CHECKPOINT" --drop dropout,attention_dropout \
+        ${PAIR_LAYOUT:+--pair-layout "$PAIR_LAYOUT"} "${CHECK_DATA[@]}")" || exit 1
     eval "$MODEL_SH"
     [[ -z "$ARCH" || "$ARCH" == "$MODEL_ARCH" ]] || die "--arch $ARCH: the checkpoint's is $MODEL_ARCH"
     [[ "$MODEL_TASK" != sentence_prediction ]] ||
@@ -103,10 +114,7 @@ elif [[ $DRY_RUN == 1 && -n "$ARCH" ]]; then
 else
     die "$CHECKPOINT: missing checkpoint file"
 fi
-if [[ -z "$PAIR_LAYOUT" ]]; then
-    PAIR_LAYOUT=roberta
-    [[ "${MODEL_TYPE_VOCAB_SIZE:-0}" -gt 0 ]] && PAIR_LAYOUT=bert
-fi
+PAIR_LAYOUT=${PAIR_LAYOUT:-${MODEL_PAIR_LAYOUT:-roberta}}
 if [[ -f "$DATA_BIN/prepare.env" ]]; then
     DATA_TASK="$(sed -n 's/^TASK=//p' "$DATA_BIN/prepare.env")"
     [[ "$DATA_TASK" == "$TASK" ]] || die "$DATA_BIN was prepared for $DATA_TASK, not $TASK"
@@ -141,6 +149,8 @@ own_option_of() {
     --finetune-from-model | --restore-file | --reset-optimizer | --reset-dataloader | --reset-meters | \
         --reset-lr-scheduler) echo "--checkpoint" ;;
     --init-token | --separator-token) echo "--pair-layout" ;;
+    --bpe | --bpe-codes | --wordpiece-vocab | --wordpiece-cased | --wordpiece-uncased | --sentencepiece-model)
+        echo "--checkpoint: the tokenisation is the model's" ;;
     --save-dir | --seed | --cpu | --lr | --max-epoch | --log-interval | --max-update) echo "$1" ;;
     --batch-size) echo "--batch-size" ;;
     --total-num-update) echo "--max-update" ;;
@@ -170,7 +180,7 @@ fi
 
 TRAIN_CMD=(
     "$(bin_of fairseq-train)" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
-    "${RECIPE_TRAIN[@]}" --finetune-from-model "$CHECKPOINT" --save-dir "$SAVE_DIR"
+    "${MODEL_BPE_FLAGS[@]}" "${RECIPE_TRAIN[@]}" --finetune-from-model "$CHECKPOINT" --save-dir "$SAVE_DIR"
 )
 [[ $CPU == 1 ]] && TRAIN_CMD+=(--cpu)
 TRAIN_CMD+=("${EXTRA[@]}")

@@ -11,6 +11,7 @@ from glue_tasks import Task
 from realformer_pipelines.checkpoints import cfg_get, load_checkpoint
 from realformer_pipelines.errors import InputError
 from realformer_pipelines.files import atomic_write
+from realformer_pipelines.model_info import check_data_fits, info_from_state
 
 
 def predict(
@@ -28,6 +29,8 @@ def predict(
     the number of examples predicted per subset."""
     overrides = {"data": os.path.abspath(data_bin)}  # the data-bin given, not the training one
     state = load_checkpoint(checkpoint_path, overrides)
+    # data prepared with the tokenisation, casing and dictionary the model was trained with
+    check_data_fits(info_from_state(state, checkpoint_path), data_bin)
     trained_on = cfg_get(state["cfg"]["task"], "_name")
     if trained_on != "sentence_prediction":
         raise InputError(

@@ -33,13 +33,25 @@ class Split:
         return self.label is None
 
 
+# the flag of fairseq's sentence_prediction criterion that logs each of GLUE's metrics (accuracy:
+# always logged); fairseq-train's --best-checkpoint-metric takes the metric's name as it is here
+REPORT_FLAGS: Dict[str, Optional[str]] = {
+    "accuracy": None,
+    "mcc": "--report-mcc",
+    "acc_and_f1": "--report-acc-and-f1",
+    "pearson_and_spearman": "--report-pearson-and-spearman",
+}
+
+
 @dataclasses.dataclass(frozen=True)
 class Task:
     name: str
     splits: Tuple[Split, ...]
     labels: Tuple[str, ...]  # class i of the model is labels[i]; () for regression (STS-B)
     metrics: Tuple[str, ...]  # GLUE's metrics of the task (Wang et al. 2018, Table 1)
-    primary: str  # the one that picks the checkpoint (fairseq's --best-checkpoint-metric name)
+    # the one that picks the checkpoint, in training (recipes.py: --best-checkpoint-metric) and
+    # in evaluation (evaluate.sh): the one place it is written
+    primary: str
     submission: Dict[str, str]  # test subset -> GLUE server file name
     drop_malformed: bool = False  # QQP: rows with another column count are dropped (fairseq)
     label_range: Tuple[float, float] = (0.0, 0.0)  # regression: the labels' range

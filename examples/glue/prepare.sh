@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One GLUE task (a task folder as the GLUE benchmark distributes it) to fairseq's
 # sentence_prediction layout (input0/, input1/, label/) with the pre-trained model's own
-# tokenisation: Moses + the subword-nmt BPE codes and dictionary of a model pre-trained with this
-# plugin, or the WordPiece vocabulary of a model imported from Google's checkpoints. Offline.
+# tokenisation, read from the model itself (realformer_pipelines.model_info): Moses + the
+# subword-nmt BPE codes and dictionary of a model pre-trained with this plugin, or the WordPiece
+# vocabulary, casing and dictionary of a model imported from Google's checkpoints. Offline.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
 source "$PIPELINE_DIR/stages.sh"
@@ -10,8 +11,8 @@ source "$PIPELINE_DIR/stages.sh"
 usage() {
     cat <<EOF
 usage: prepare.sh --task TASK (--glue-dir DIR | --task-dir DIR)
-                  (--bpe-codes FILE --dict FILE [--lowercase] | --wordpiece-vocab FILE [--dict FILE] [--cased])
-                  [--work-dir DIR] [--dest DIR] [--diagnostic FILE | --no-diagnostic]
+                  (--model PATH | --bpe-codes FILE --dict FILE | --wordpiece-vocab FILE [--dict FILE])
+                  [--lowercase] [--cased | --uncased] [--work-dir DIR] [--dest DIR] [--diagnostic FILE | --no-diagnostic]
                   [--workers N] [--force] [--until STAGE] [--dry-run]
 
 Stages (each skipped on a re-run once it has finished with the same settings):
@@ -20,12 +21,19 @@ Stages (each skipped on a re-run once it has finished with the same settings):
   --task TASK          CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE or WNLI
   --glue-dir DIR       the GLUE folder (DIR/TASK/train.tsv ...; MNLI also DIR/diagnostic/diagnostic.tsv)
   --task-dir DIR       the task's folder itself (instead of --glue-dir)
+  --model PATH         the pre-trained model (a checkpoint, or realformer-import-tf's folder): its
+                       tokenisation, casing, vocabulary and dictionary, as it was trained (a
+                       checkpoint that does not record its --bpe needs --bpe-codes and --dict)
   --bpe-codes FILE     subword-nmt codes of the pre-trained model (the bpecodes of its data-bin)
   --dict FILE          the pre-trained model's fairseq dictionary (dict.txt; dict.en.txt of a
-                       WMT'14/Multi30k data-bin); with --wordpiece-vocab: default dict.txt next to it
-  --lowercase          lower-case the text first (models pre-trained on lower-cased text)
-  --wordpiece-vocab F  BERT vocab.txt of an imported model (realformer-import-tf's folder)
-  --cased              a cased WordPiece model (default: uncased, lower-case + strip accents)
+                       WMT'14/Multi30k data-bin); default: the model's, or dict.txt next to the
+                       WordPiece vocabulary
+  --lowercase          subword-nmt: lower-case the text first (models pre-trained on lower-cased text)
+  --wordpiece-vocab F  BERT vocab.txt; in realformer-import-tf's folder (model.pt beside it) the
+                       model there says the casing, as --model that folder
+  --cased, --uncased   WordPiece: stop unless the model is cased / uncased; a vocabulary without
+                       a model: the casing (default: as the vocabulary shows, uncased when no
+                       ordinary token has an upper-case letter)
   --work-dir DIR       intermediate files and stage markers (default: ./glue_work/TASK)
   --dest DIR           the data-bin (default: WORK/data-bin)
   --diagnostic FILE    MNLI: GLUE's diagnostic set for AX.tsv (default: GLUE_DIR/diagnostic/diagnostic.tsv)
@@ -43,8 +51,9 @@ TASK_DIR=""
 BPE_CODES=""
 DICT=""
 VOCAB=""
+MODEL=""
 LOWERCASE=0
-CASED=0
+CASE_FLAG=()
 WORK=""
 DEST=""
 DIAGNOSTIC=""
@@ -62,7 +71,10 @@ while [[ $# -gt 0 ]]; do
     --dict) opt_value "$@"; DICT=$2; shift 2 ;;
     --lowercase) LOWERCASE=1; shift ;;
     --wordpiece-vocab) opt_value "$@"; VOCAB=$2; shift 2 ;;
-    --cased) CASED=1; shift ;;
+    --model) opt_value "$@"; MODEL=$2; shift 2 ;;
+    --cased | --uncased)
+        [[ ${#CASE_FLAG[@]} == 0 || "${CASE_FLAG[0]}" == "$1" ]] || die "give --cased or --uncased, not both"
+        CASE_FLAG=("$1"); shift ;;
     --work-dir) opt_value "$@"; WORK=$2; shift 2 ;;
     --dest) opt_value "$@"; DEST=$2; shift 2 ;;
     --diagnostic) opt_value "$@"; DIAGNOSTIC=$2; shift 2 ;;
@@ -86,21 +98,63 @@ if [[ -z "$TASK_DIR" ]]; then
 fi
 [[ -d "$TASK_DIR" ]] || die "$TASK_DIR: missing task folder"
 TASK_DIR="$(cd "$TASK_DIR" && pwd)"
-if [[ -n "$BPE_CODES" && -n "$VOCAB" ]]; then
+[[ -z "$BPE_CODES" || -z "$VOCAB" ]] ||
     die "give --bpe-codes (subword-nmt) or --wordpiece-vocab (WordPiece), not both"
-elif [[ -n "$BPE_CODES" ]]; then
+# the model a WordPiece vocabulary belongs to (realformer-import-tf's folder) says the casing
+if [[ -z "$MODEL" && -n "$VOCAB" && -f "$(dirname "$VOCAB")/model.pt" ]]; then
+    MODEL="$(dirname "$VOCAB")"
+fi
+# what the model knows (realformer_pipelines.model_info): MODEL_TOKENIZER, MODEL_CASED,
+# MODEL_VOCAB, MODEL_DICT; an explicit --cased / --uncased that contradicts it stops here
+MODEL_TOKENIZER="" MODEL_CASED="" MODEL_VOCAB="" MODEL_DICT="" MODEL_CHECKPOINT=""
+if [[ -n "$MODEL" ]]; then
+    MODEL_SH="$(tools model-info --model "$MODEL" "${CASE_FLAG[@]}")" || exit 1
+    eval "$MODEL_SH"
+    log "the model $MODEL_CHECKPOINT: ${MODEL_TOKENIZER:-tokenisation not recorded}${MODEL_CASED:+, cased=$MODEL_CASED}"
+elif [[ -n "$VOCAB" ]]; then
+    check_files "$VOCAB"
+    MODEL_SH="$(tools model-info --vocab "$VOCAB" "${CASE_FLAG[@]}")" || exit 1
+    eval "$MODEL_SH"
+fi
+# same_file A B: the same file, or files of the same content
+same_file() { [[ "$(sha256sum <"$1")" == "$(sha256sum <"$2")" ]]; }
+case "$MODEL_TOKENIZER" in
+wordpiece)
+    if [[ -n "$VOCAB" ]] && ! same_file "$VOCAB" "$MODEL_VOCAB"; then
+        die "--wordpiece-vocab $VOCAB is not the vocabulary of $MODEL_CHECKPOINT ($MODEL_VOCAB)"
+    fi
+    [[ -z "$BPE_CODES" ]] || die "--bpe-codes: $MODEL_CHECKPOINT is a WordPiece model (its vocabulary: $MODEL_VOCAB)"
+    VOCAB=$MODEL_VOCAB ;;
+subword-nmt)
+    if [[ -n "$BPE_CODES" ]] && ! same_file "$BPE_CODES" "$MODEL_VOCAB"; then
+        die "--bpe-codes $BPE_CODES are not the codes of $MODEL_CHECKPOINT ($MODEL_VOCAB)"
+    fi
+    BPE_CODES=$MODEL_VOCAB ;;
+"") ;;
+*) die "$MODEL_CHECKPOINT: $MODEL_TOKENIZER tokenisation; prepare.sh takes subword-nmt and WordPiece models" ;;
+esac
+if [[ -n "$MODEL_DICT" && -n "$DICT" ]] && ! same_file "$DICT" "$MODEL_DICT"; then
+    die "--dict $DICT is not the dictionary of ${MODEL_CHECKPOINT:-$VOCAB} ($MODEL_DICT)"
+fi
+DICT=${DICT:-$MODEL_DICT}
+CASED=0
+if [[ -n "$BPE_CODES" ]]; then
     TOKENIZER=subword-nmt
     [[ -n "$DICT" ]] || die "--bpe-codes needs --dict (the pre-trained model's dictionary)"
-    [[ $CASED == 0 ]] || die "--cased is a WordPiece option (subword-nmt keeps the case unless --lowercase)"
+    [[ ${#CASE_FLAG[@]} == 0 ]] || die "${CASE_FLAG[0]} is a WordPiece option (subword-nmt keeps the case unless --lowercase)"
     check_files "$BPE_CODES"
 elif [[ -n "$VOCAB" ]]; then
     TOKENIZER=wordpiece
-    [[ $LOWERCASE == 0 ]] || die "--lowercase is a subword-nmt option (WordPiece: uncased unless --cased)"
-    DICT=${DICT:-$(dirname "$VOCAB")/dict.txt}
+    [[ $LOWERCASE == 0 ]] || die "--lowercase is a subword-nmt option (WordPiece: the model's casing)"
+    [[ -n "$DICT" ]] || die "$VOCAB: no dict.txt next to it; give --dict (the model's fairseq dictionary)"
+    CASED=$MODEL_CASED
     check_files "$VOCAB"
+elif [[ -n "$MODEL" ]]; then
+    usage >&2
+    die "$MODEL_CHECKPOINT does not record its tokenisation (no --bpe in its training): give --bpe-codes FILE --dict FILE"
 else
     usage >&2
-    die "give the model's tokenisation: --bpe-codes FILE --dict FILE, or --wordpiece-vocab FILE"
+    die "give the model: --model PATH, or its tokenisation: --bpe-codes FILE --dict FILE, or --wordpiece-vocab FILE"
 fi
 check_files "$DICT"
 whole_number --workers "$WORKERS" 1

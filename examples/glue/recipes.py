@@ -37,6 +37,8 @@ import shlex
 import sys
 from typing import Dict, List, Optional, Tuple
 
+from glue_tasks import REPORT_FLAGS, TASKS
+
 from realformer_pipelines.errors import InputError, run_cli
 
 FAIRSEQ = "fairseq 0.12.3 examples/roberta/config/finetuning/"
@@ -92,13 +94,6 @@ WNLI_SCHEDULE = (
     "batch 16 = 400 updates, 6 % warm-up = 24 (fairseq's ratio: 122 / 2036 for RTE)"
 )
 
-# GLUE's metric of each task -> (fairseq-train's metric name, the criterion flag that logs it)
-BEST_METRIC = {
-    "CoLA": ("mcc", "--report-mcc"),
-    "MRPC": ("acc_and_f1", "--report-acc-and-f1"),
-    "QQP": ("acc_and_f1", "--report-acc-and-f1"),
-    "STS-B": ("pearson_and_spearman", "--report-pearson-and-spearman"),
-}
 GLUE_METRIC = "GLUE's metric of the task (Wang et al. 2018, Table 1)"
 FP16_FLAGS = ("--fp16", "--fp16-init-scale", "--threshold-loss-scale", "--fp16-scale-window")
 
@@ -153,8 +148,10 @@ def recipe(task: str, pair_layout: str = "roberta") -> List[Tuple[str, Optional[
         ("--find-unused-parameters", None, s("find_unused_parameters")),
         ("--distributed-world-size", "1", s("distributed_world_size")),
     ]  # fmt: skip
-    if task in BEST_METRIC:
-        metric, report = BEST_METRIC[task]
+    # GLUE's metric of the task: glue_tasks.TASKS, which evaluate.sh selects by too
+    metric = TASKS[task].primary
+    if metric != "accuracy":
+        report = REPORT_FLAGS[metric]
         fairseq_choice = (
             "selects by the loss (no best_checkpoint_metric)" if task == "STS-B"
             else f"selects by accuracy ({s('best_checkpoint_metric')})"
@@ -164,7 +161,7 @@ def recipe(task: str, pair_layout: str = "roberta") -> List[Tuple[str, Optional[
             ("--best-checkpoint-metric", metric, f"{GLUE_METRIC}; fairseq's file {fairseq_choice}"),
         ]
     else:
-        flags.append(("--best-checkpoint-metric", "accuracy", s("best_checkpoint_metric")))
+        flags.append(("--best-checkpoint-metric", metric, s("best_checkpoint_metric")))
     flags.append(("--maximize-best-checkpoint-metric", None,
                   GLUE_METRIC if task == "STS-B" else s("maximize_best_checkpoint_metric")))  # fmt: skip
     return flags

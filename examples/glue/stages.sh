@@ -47,7 +47,7 @@ split_inputs() { (cd "$WORK/split" && ls -- *.input0 *.input1 2>/dev/null) || tr
 # stage_tokenize: every input file with the model's tokenisation into $WORK/tok: Moses
 # (sacremoses, as the WMT'14 pipeline: normalisation + tokenisation -a, English rules) and the
 # model's subword-nmt codes, lower-cased first with --lowercase; or BERT's WordPiece
-# (realformer-wordpiece with the model's vocab.txt)
+# (realformer-wordpiece with the model's vocab.txt and its casing, CASED, always explicit)
 stage_tokenize() {
     mkdir -p "$WORK/tok"
     local name
@@ -139,9 +139,10 @@ stage_binarize() {
     else
         cp "$VOCAB" "$TMP_DEST/vocab.txt"
     fi
-    printf 'TASK=%s\nTOKENIZER=%s\nLOWERCASE=%s\nCASED=%s\nDICT=%s\nDICT_SHA256=%s\n' \
+    # what finetune.sh and evaluate.sh compare with the model (model_info.check_data_fits)
+    printf 'TASK=%s\nTOKENIZER=%s\nLOWERCASE=%s\nCASED=%s\nDICT=%s\nDICT_SHA256=%s\nMODEL=%s\n' \
         "$TASK" "$TOKENIZER" "$LOWERCASE" "$CASED" "$DICT" "$(sha256sum "$DICT" | cut -d' ' -f1)" \
-        >"$TMP_DEST/prepare.env"
+        "${MODEL_CHECKPOINT:-}" >"$TMP_DEST/prepare.env"
     if [[ -e "$DEST" ]]; then
         [[ -f "$DEST/prepare.env" ]] || die "$DEST: exists and was not made by prepare.sh; remove it or pick another --dest"
         rm -rf "$DEST"

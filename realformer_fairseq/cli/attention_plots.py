@@ -13,6 +13,7 @@ from typing import Dict, List
 import numpy as np
 
 from ..atomic_files import atomic_output
+from ..errors import RealformerConfigError
 
 MISSING_MATPLOTLIB = (
     "the plots need matplotlib, which is not installed: pip install 'realformer-fairseq[plots]' "
@@ -20,7 +21,7 @@ MISSING_MATPLOTLIB = (
 )
 
 
-class PlotsUnavailable(ValueError):
+class PlotsUnavailable(RealformerConfigError):
     """matplotlib is not installed (the ``plots`` extra); the message says what to do."""
 
 

@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from ..atomic_files import atomic_output, write_json_atomic
-from ..errors import RealformerConfigError
+from ..errors import RealformerConfigError, exit_with_one_line
 from . import attention_plots
 
 logger = logging.getLogger("realformer_fairseq.cli.attention_stats")
@@ -54,7 +54,7 @@ CHAINS = ("encoder", "decoder", "cross")
 _TINY = 1e-30
 
 
-class AttentionStatsError(ValueError):
+class AttentionStatsError(RealformerConfigError):
     """Bad input for the command; the message names the file and the problem."""
 
 
@@ -531,12 +531,8 @@ def cli_main(argv: Optional[Sequence[str]] = None):
         force=True,  # importing fairseq already configured the root logger
     )
     logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    parser = get_parser()
-    args = parser.parse_args(argv)
-    try:
-        main(args)
-    except (AttentionStatsError, attention_plots.PlotsUnavailable, RealformerConfigError) as err:
-        parser.exit(2, f"{PROG}: error: {err}\n")
+    run = exit_with_one_line(PROG)(main)
+    run(get_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..atomic_files import atomic_output
+from ..errors import RealformerConfigError, exit_with_one_line
 
 logger = logging.getLogger("realformer_fairseq.average_checkpoints")
 
@@ -49,7 +50,7 @@ _STRUCTURE_KEYS = (
 )
 
 
-class AverageError(Exception):
+class AverageError(RealformerConfigError):
     """Bad input; the message is printed as one line."""
 
 
@@ -273,15 +274,12 @@ def get_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@exit_with_one_line(PROG)
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = get_parser().parse_args(argv)
-    try:
-        inputs = resolve_inputs(args)
-        logger.info(f"averaging {len(inputs)} checkpoints: {', '.join(inputs)}")
-        average_checkpoints(inputs, args.output)
-    except AverageError as err:
-        print(f"{PROG}: error: {err}", file=sys.stderr)
-        return 2
+    inputs = resolve_inputs(args)
+    logger.info(f"averaging {len(inputs)} checkpoints: {', '.join(inputs)}")
+    average_checkpoints(inputs, args.output)
     return 0
 
 

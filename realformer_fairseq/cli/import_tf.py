@@ -10,7 +10,9 @@ without TensorFlow and writes ``OUT_DIR/model.pt`` (a ``realformer_roberta`` che
         --bert-config realformer_base/bert_config.json --vocab realformer_base/vocab.txt \\
         --out realformer_base_fairseq
 
-An unusable input stops with one line ``realformer-import-tf: error: ...`` and exit status 1.
+An unusable input stops with one line ``realformer-import-tf: error: ...`` and exit status 1
+(:func:`realformer_fairseq.errors.exit_with_one_line`, the one helper of every console command),
+and leaves no OUT_DIR: it appears whole or not at all.
 """
 
 import argparse
@@ -66,24 +68,20 @@ def cli_main(argv: Optional[Sequence[str]] = None):
         stream=sys.stdout,
         force=True,  # importing fairseq may have configured the root logger already
     )
-    from ..errors import RealformerConfigError
+    from ..errors import exit_with_one_line
     from ..tf_import.bert_checkpoint import convert_checkpoint
 
-    try:
-        convert_checkpoint(
-            args.tf_checkpoint,
-            args.bert_config,
-            args.vocab,
-            args.out,
-            cased=args.cased,
-            uncased=args.uncased,
-            skip_patterns=args.skip_variable,
-            overwrite=args.overwrite,
-            residual_attention=not args.no_residual_attention,
-        )
-    except (RealformerConfigError, OSError) as err:
-        message = " ".join(str(err).split())
-        raise SystemExit(f"{PROG}: error: {message}") from None
+    exit_with_one_line(PROG)(convert_checkpoint)(
+        args.tf_checkpoint,
+        args.bert_config,
+        args.vocab,
+        args.out,
+        cased=args.cased,
+        uncased=args.uncased,
+        skip_patterns=args.skip_variable,
+        overwrite=args.overwrite,
+        residual_attention=not args.no_residual_attention,
+    )
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ first token; new classification heads start from it), the MLM head as fairseq's
 """
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import logging
@@ -36,6 +37,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..atomic_files import atomic_directory, write_text_atomic
 from ..errors import RealformerConfigError
 from .tensor_bundle import TensorBundle, read_bundle
 from .wordpiece import WordPieceVocabulary, resolve_lowercase
@@ -490,8 +492,8 @@ def fairseq_train_args(
         "--wordpiece-vocab",
         os.path.join(data_dir, "vocab.txt"),
     ]
-    if not lowercase:
-        args.append("--wordpiece-cased")
+    # the casing, always explicit: it travels in cfg.bpe of model.pt and in model_args.txt
+    args.append("--wordpiece-uncased" if lowercase else "--wordpiece-cased")
     if residual_attention:
         args += [
             "--residual-attention",
@@ -505,26 +507,21 @@ def fairseq_train_args(
 
 
 MODEL_ARGS_FILE = "model_args.txt"
-# fairseq-train flags of the conversion that are not the model's (data, task, tokenisation)
-_NOT_MODEL_FLAGS = (
-    "--user-dir",
-    "--task",
-    "--criterion",
-    "--tokens-per-sample",
-    "--bpe",
-    "--wordpiece-vocab",
-)
+# fairseq-train flags of the conversion that are not the model's (data, task)
+_NOT_MODEL_FLAGS = ("--user-dir", "--task", "--criterion", "--tokens-per-sample")
 
 
 def model_args(train_args: List[str]) -> List[str]:
     """The model flags of ``train_args`` (``--arch`` and every option of the imported
-    model): what a ``fairseq-train --restore-file OUT_DIR/model.pt`` command must repeat,
-    written to ``OUT_DIR/model_args.txt``."""
+    model) and its tokenisation (``--bpe wordpiece --wordpiece-vocab OUT_DIR/vocab.txt`` with
+    ``--wordpiece-cased`` or ``--wordpiece-uncased``): what a ``fairseq-train --restore-file
+    OUT_DIR/model.pt`` command must repeat (the tokenisation too, so that the fine-tuned
+    checkpoint knows it), written to ``OUT_DIR/model_args.txt``."""
     out, i = [], 1  # train_args[0] is the data folder
     while i < len(train_args):
         flag = train_args[i]
         takes_value = i + 1 < len(train_args) and not train_args[i + 1].startswith("--")
-        if flag not in _NOT_MODEL_FLAGS and flag != "--wordpiece-cased":
+        if flag not in _NOT_MODEL_FLAGS:
             out += train_args[i : i + (2 if takes_value else 1)]
         i += 2 if takes_value else 1
     return out
@@ -610,6 +607,41 @@ class ConversionResult:
         )
 
 
+# what the importer writes into OUT_DIR, model.pt last (the file that says the import finished)
+OUTPUT_FILES = ("dict.txt", "vocab.txt", MODEL_ARGS_FILE, "model.pt")
+
+
+@contextlib.contextmanager
+def output_folder(out_dir: str):
+    """A temporary folder next to ``out_dir`` to write the import into. On success it becomes
+    ``out_dir`` (absent or empty before), or, where ``out_dir`` already holds other files (the
+    downloaded checkpoint, say), its OUTPUT_FILES are moved into it, each whole, model.pt last; on
+    an exception it is removed and ``out_dir`` is left as it was."""
+    if not os.path.isdir(out_dir) or not os.listdir(out_dir):
+        with atomic_directory(out_dir, overwrite=True) as tmp:
+            yield tmp
+        return
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(out_dir), prefix=f".{os.path.basename(out_dir)}.")
+    try:
+        yield tmp
+        for name in OUTPUT_FILES:
+            os.replace(os.path.join(tmp, name), os.path.join(out_dir, name))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def moved_paths(value, old: str, new: str):
+    """``value`` (a checkpoint's config: dicts, lists, strings) with every path under ``old``
+    moved under ``new``."""
+    if isinstance(value, dict):
+        return {k: moved_paths(v, old, new) for k, v in value.items()}
+    if isinstance(value, list):
+        return [moved_paths(v, old, new) for v in value]
+    if isinstance(value, str) and (value == old or value.startswith(old + os.sep)):
+        return new + value[len(old) :]
+    return value
+
+
 def convert_checkpoint(
     tf_checkpoint: str,
     bert_config: str,
@@ -639,28 +671,23 @@ def convert_checkpoint(
     target = os.path.join(out_dir, "model.pt")
     if os.path.exists(target) and not overwrite:
         raise BertCheckpointError(f"{target} exists (pass --overwrite to replace it)")
-    os.makedirs(out_dir, exist_ok=True)
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):
+        raise BertCheckpointError(f"{out_dir} exists and is not a folder")
     padding_idx = vocab.dictionary.pad()
     state = fairseq_state_dict(bundle, plan, vocab, padding_idx)
 
-    vocab.write_fairseq_dict(os.path.join(out_dir, "dict.txt"))
-    if os.path.abspath(vocab_file) != os.path.join(out_dir, "vocab.txt"):
-        shutil.copyfile(vocab_file, os.path.join(out_dir, "vocab.txt"))
-    train_args = fairseq_train_args(config, plan.heads, out_dir, lowercase, residual_attention)
-    checkpoint, _ = build_fairseq_checkpoint(train_args, state, plan.heads)
-    with open(os.path.join(out_dir, MODEL_ARGS_FILE), "w", encoding="utf-8") as f:
-        f.write(" ".join(model_args(train_args)) + "\n")
-    fd, tmp = tempfile.mkstemp(prefix=".model.pt.", dir=out_dir)
-    os.close(fd)
-    try:
-        torch.save(checkpoint, tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes it private
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with output_folder(out_dir) as tmp:  # OUT_DIR appears whole or not at all
+        vocab.write_fairseq_dict(os.path.join(tmp, "dict.txt"))
+        shutil.copyfile(vocab_file, os.path.join(tmp, "vocab.txt"))
+        # the model is built where its files are now; its config names where they will be
+        build_args = fairseq_train_args(config, plan.heads, tmp, lowercase, residual_attention)
+        checkpoint, _ = build_fairseq_checkpoint(build_args, state, plan.heads)
+        checkpoint["cfg"] = moved_paths(checkpoint["cfg"], tmp, out_dir)
+        train_args = fairseq_train_args(config, plan.heads, out_dir, lowercase, residual_attention)
+        write_text_atomic(
+            os.path.join(tmp, MODEL_ARGS_FILE), " ".join(model_args(train_args)) + "\n"
+        )
+        torch.save(checkpoint, os.path.join(tmp, "model.pt"))
     result = ConversionResult(
         out_dir, config, plan, lowercase, time.time() - start, residual_attention
     )

@@ -21,11 +21,19 @@ characters, as in Google's code). Special tokens in the text are not special (``
   the fairseq dictionary's spelling (``<unk>`` for ``[UNK]``), space-joined: the input of
   ``fairseq-preprocess --srcdict dict.txt``; :meth:`WordPieceVocabulary.fairseq_token_ids`
   turns pieces into fairseq ids.
-* ``--bpe wordpiece --wordpiece-vocab vocab.txt [--wordpiece-cased]``: the same, registered as
-  a fairseq BPE (hub ``encode()`` / ``fill_mask()``, ``fairseq-interactive``,
-  ``--mask-whole-words``).
-* ``realformer-wordpiece --vocab vocab.txt [--cased] --inputs a.txt --outputs a.wp``: the
-  same for files, one line in, one line out.
+* ``--bpe wordpiece --wordpiece-vocab vocab.txt [--wordpiece-cased | --wordpiece-uncased]``:
+  the same, registered as a fairseq BPE (hub ``encode()`` / ``fill_mask()``,
+  ``fairseq-interactive``, ``--mask-whole-words``).
+* ``realformer-wordpiece (--model MODEL | --vocab vocab.txt) [--cased | --uncased] --inputs
+  a.txt --outputs a.wp``: the same for files, one line in, one line out.
+
+Casing (:func:`resolve_lowercase`, the one rule): an explicit choice (``--cased`` /
+``--uncased``, ``--wordpiece-cased`` / ``--wordpiece-uncased``), else what the model says (the
+``--bpe wordpiece`` settings ``realformer-import-tf`` stores in ``model.pt``), else the
+vocabulary (uncased when no ordinary token has an upper-case letter, as Google's uncased
+vocabularies; the cased ones have thousands). A checkpoint written before
+``--wordpiece-uncased`` existed stores ``wordpiece_cased: false`` for its uncased models: that
+still means uncased.
 """
 
 import argparse
@@ -39,7 +47,7 @@ from fairseq.data import Dictionary
 from fairseq.data.encoders import register_bpe
 from fairseq.dataclass import FairseqDataclass
 
-from ..errors import RealformerConfigError
+from ..errors import RealformerConfigError, exit_with_one_line
 
 logger = logging.getLogger(__name__)
 
@@ -135,13 +143,17 @@ class WordPieceVocabulary:
         return [self.dictionary.index(fairseq_symbol(p)) for p in pieces]
 
     def looks_uncased(self) -> bool:
-        """True when no ordinary token has an upper-case letter (Google's uncased vocabularies;
-        the cased ones have thousands)."""
-        return not any(
-            any(ch.isupper() for ch in t)
-            for t in self.tokens
-            if t not in SPECIAL_TOKENS and not (t.startswith("[") and t.endswith("]"))
-        )
+        return tokens_look_uncased(self.tokens)
+
+
+def tokens_look_uncased(tokens: Sequence[str]) -> bool:
+    """True when no ordinary token has an upper-case letter (Google's uncased vocabularies;
+    the cased ones have thousands)."""
+    return not any(
+        any(ch.isupper() for ch in t)
+        for t in tokens
+        if t not in SPECIAL_TOKENS and not (t.startswith("[") and t.endswith("]"))
+    )
 
 
 class BertTextTokenizer:
@@ -211,13 +223,45 @@ class WordPieceBPEConfig(FairseqDataclass):
     wordpiece_vocab: Optional[str] = dataclasses.field(
         default=None, metadata={"help": "BERT vocab.txt (one WordPiece token a line)"}
     )
-    wordpiece_cased: bool = dataclasses.field(
-        default=False,
+    # None: not given (the vocabulary decides); False: a checkpoint of before
+    # --wordpiece-uncased, whose uncased models stored false
+    wordpiece_cased: Optional[bool] = dataclasses.field(
+        default=None,
         metadata={
             "help": "cased model: no lower-casing or accent stripping (BERT's "
-            "do_lower_case=False)"
+            "do_lower_case=False); default: as the vocabulary shows (uncased when no ordinary "
+            "token has an upper-case letter)"
         },
     )
+    wordpiece_uncased: bool = dataclasses.field(
+        default=False,
+        metadata={
+            "help": "uncased model: lower-case and strip accents (BERT's do_lower_case=True), "
+            "whatever the vocabulary shows"
+        },
+    )
+
+
+def wordpiece_lowercase(cfg, tokens: Sequence[str]) -> Tuple[bool, str]:
+    """(lower-case?, why) of a ``--bpe wordpiece`` config (``wordpiece_cased`` /
+    ``wordpiece_uncased``, in a checkpoint or on the command line) over its vocabulary's
+    ``tokens``; see the module docstring."""
+    get = cfg.get if isinstance(cfg, dict) else lambda key, default: getattr(cfg, key, default)
+    cased, uncased = get("wordpiece_cased", None), get("wordpiece_uncased", False)
+    if cased and uncased:
+        raise WordPieceError("--wordpiece-cased and --wordpiece-uncased contradict each other")
+    if cased:
+        return False, "--wordpiece-cased"
+    if uncased:
+        return True, "--wordpiece-uncased"
+    if cased is False:  # stored by a checkpoint of before --wordpiece-uncased: its uncased models
+        return True, "wordpiece_cased: false"
+    return lowercase_of_vocabulary(tokens)
+
+
+def lowercase_of_vocabulary(tokens: Sequence[str]) -> Tuple[bool, str]:
+    lowercase = tokens_look_uncased(tokens)
+    return lowercase, "the vocabulary has %s upper-case token" % ("no" if lowercase else "an")
 
 
 @register_bpe("wordpiece", dataclass=WordPieceBPEConfig)
@@ -229,7 +273,8 @@ class WordPieceBPE:
         if not cfg.wordpiece_vocab:
             raise WordPieceError("--bpe wordpiece needs --wordpiece-vocab vocab.txt")
         self.vocab_tokens = read_vocab_file(cfg.wordpiece_vocab)  # BERT id order
-        self.tokenizer = BertTextTokenizer(self.vocab_tokens, lowercase=not cfg.wordpiece_cased)
+        lowercase, _ = wordpiece_lowercase(cfg, self.vocab_tokens)
+        self.tokenizer = BertTextTokenizer(self.vocab_tokens, lowercase=lowercase)
 
     def encode(self, x: str) -> str:
         return encode_text(x, self.tokenizer)
@@ -253,11 +298,24 @@ def get_parser() -> argparse.ArgumentParser:
         "spelling of the fairseq dict.txt that realformer-import-tf writes (input of "
         "fairseq-preprocess --srcdict OUT_DIR/dict.txt).",
     )
-    parser.add_argument("--vocab", required=True, help="BERT vocab.txt")
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--model",
+        help="the model (a checkpoint, or realformer-import-tf's folder): its vocab.txt and its "
+        "casing, as it was trained",
+    )
+    source.add_argument("--vocab", help="BERT vocab.txt (casing: as the vocabulary shows)")
     case = parser.add_mutually_exclusive_group()
-    case.add_argument("--cased", action="store_true", help="cased model (no lower-casing)")
     case.add_argument(
-        "--uncased", action="store_true", help="uncased model (lower-case, strip accents)"
+        "--cased",
+        action="store_true",
+        help="cased model (no lower-casing); with --model, stops unless the model is cased",
+    )
+    case.add_argument(
+        "--uncased",
+        action="store_true",
+        help="uncased model (lower-case, strip accents); with --model, stops unless the model is "
+        "uncased",
     )
     parser.add_argument("--inputs", nargs="+", default=["-"], help="input files ('-': stdin)")
     parser.add_argument("--outputs", nargs="+", default=["-"], help="output files ('-': stdout)")
@@ -270,46 +328,66 @@ def _lines(path: str):
     return open(path, encoding="utf-8")
 
 
+@exit_with_one_line(PROG)
 def cli_main(argv: Optional[Sequence[str]] = None):
     args = get_parser().parse_args(argv)
-    try:
-        if len(args.inputs) != len(args.outputs):
-            raise WordPieceError("give as many --outputs as --inputs")
+    if len(args.inputs) != len(args.outputs):
+        raise WordPieceError("give as many --outputs as --inputs")
+    if args.model:
+        vocab_file, lowercase = model_wordpiece(args.model, args.cased, args.uncased)
+        vocab = WordPieceVocabulary.from_file(vocab_file)
+    else:
         vocab = WordPieceVocabulary.from_file(args.vocab)
         lowercase = resolve_lowercase(vocab, cased=args.cased, uncased=args.uncased)
-        tokenizer = BertTextTokenizer(vocab.tokens, lowercase)
-        for src, dst in zip(args.inputs, args.outputs):
-            try:
-                fin = _lines(src)
-            except FileNotFoundError:
-                raise WordPieceError(f"no input file {src}") from None
-            fout = sys.stdout if dst == "-" else open(dst, "w", encoding="utf-8")
-            try:
-                batch: List[str] = []
-                for line in fin:
-                    batch.append(line.rstrip("\n"))
-                    if len(batch) == 10000:
-                        fout.write("".join(x + "\n" for x in tokenizer.encode_lines(batch)))
-                        batch = []
-                fout.write("".join(x + "\n" for x in tokenizer.encode_lines(batch)))
-            finally:
-                if fin is not sys.stdin:
-                    fin.close()
-                if fout is not sys.stdout:
-                    fout.close()
-    except (RealformerConfigError, OSError) as err:
-        raise SystemExit(f"{PROG}: error: {err}") from None
+    tokenizer = BertTextTokenizer(vocab.tokens, lowercase)
+    for src, dst in zip(args.inputs, args.outputs):
+        try:
+            fin = _lines(src)
+        except FileNotFoundError:
+            raise WordPieceError(f"no input file {src}") from None
+        fout = sys.stdout if dst == "-" else open(dst, "w", encoding="utf-8")
+        try:
+            batch: List[str] = []
+            for line in fin:
+                batch.append(line.rstrip("\n"))
+                if len(batch) == 10000:
+                    fout.write("".join(x + "\n" for x in tokenizer.encode_lines(batch)))
+                    batch = []
+            fout.write("".join(x + "\n" for x in tokenizer.encode_lines(batch)))
+        finally:
+            if fin is not sys.stdin:
+                fin.close()
+            if fout is not sys.stdout:
+                fout.close()
+
+
+def model_wordpiece(model: str, cased: bool = False, uncased: bool = False) -> Tuple[str, bool]:
+    """(vocab.txt, lower-case?) of a model (checkpoint or model folder), as it was trained; an
+    explicit ``cased`` / ``uncased`` that contradicts it raises (one line)."""
+    from realformer_pipelines.model_info import check_agrees, read_model_info
+
+    info = read_model_info(model)
+    if info.tokenizer != "wordpiece" or not info.vocab or info.cased is None:
+        raise WordPieceError(
+            f"{info.checkpoint}: not a WordPiece model with its vocabulary (--bpe "
+            f"{info.tokenizer or 'not recorded'}); give --vocab"
+        )
+    flag = "--cased" if cased else "--uncased" if uncased else ""
+    check_agrees(info, cased=True if cased else False if uncased else None, flags=flag)
+    logger.info("WordPiece: %s, as %s was trained", info.casing, info.checkpoint)
+    return info.vocab, not info.cased
 
 
 def resolve_lowercase(vocab: WordPieceVocabulary, cased: bool, uncased: bool) -> bool:
-    """Lower-case (uncased model) unless ``cased``; with neither flag, as the vocabulary shows
-    (an uncased vocabulary has no upper-case token). Logged."""
+    """Lower-case (uncased model) with ``uncased``, not with ``cased``; with neither flag, as the
+    vocabulary shows (an uncased vocabulary has no upper-case token). Logged."""
+    if cased and uncased:
+        raise WordPieceError("--cased and --uncased contradict each other")
     if cased or uncased:
         lowercase = uncased
         how = "--uncased" if uncased else "--cased"
     else:
-        lowercase = vocab.looks_uncased()
-        how = "the vocabulary has %s upper-case token" % ("no" if lowercase else "an")
+        lowercase, how = lowercase_of_vocabulary(vocab.tokens)
     logger.info(
         "WordPiece: %s (%s)",
         "uncased: lower-case and strip accents" if lowercase else "cased",
