@@ -315,7 +315,7 @@ def test_finetune_command_is_berts_recipe(readme_run):
     }  # fmt: skip
     for flag, value in expected.items():
         assert flags.get(flag, "absent") == value, (flag, flags.get(flag, "absent"))
-    assert "--wordpiece-cased" not in flags and "--cpu" not in flags
+    assert "--wordpiece-uncased" in flags and "--wordpiece-cased" not in flags and "--cpu" not in flags
     ours = options.parse_args_and_arch(options.get_training_parser(), [str(data_bin), *words[2:]])
     theirs = options.parse_args_and_arch(
         options.get_training_parser(),

@@ -144,8 +144,8 @@ fi
 ((BATCH % GPUS == 0)) || die "--batch-size $BATCH does not split over $GPUS GPUs (BERT's batch is the total: give a multiple of $GPUS)"
 set_flag --batch-size $((BATCH / GPUS))
 
-WORDPIECE=(--bpe wordpiece --wordpiece-vocab "$DATA_BIN/vocab.txt")
-[[ "$DATA_CASING" == cased ]] && WORDPIECE+=(--wordpiece-cased)
+# the tokenisation recorded in every checkpoint (what the model knows, for the hub and later steps)
+WORDPIECE=(--bpe wordpiece --wordpiece-vocab "$DATA_BIN/vocab.txt" "--wordpiece-$DATA_CASING")
 TRAIN_CMD=(
     "$(bin_of fairseq-train)" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
     ${MODEL_MAX_POSITIONS:+--max-positions "$MODEL_MAX_POSITIONS"} "${RECIPE_TRAIN[@]}" "${WORDPIECE[@]}" --finetune-from-model "$CHECKPOINT" --save-dir "$SAVE_DIR"
