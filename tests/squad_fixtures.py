@@ -15,7 +15,7 @@ Written here, not taken from the code under test.
 import json
 import random
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 MULTI30K = ("multi30k", "train.en")
 STOPWORDS = {

@@ -4,23 +4,22 @@ Every expected value is written here from google-research/bert ``run_squad.py`` 
 ``optimization.py`` / README and the official ``evaluate-v2.0.py`` / ``evaluate-v1.1.py``
 (computed by hand where a number is asserted), not read back from the code under test."""
 
+import argparse
 import collections
 import json
 import math
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
-from harness import REPO_ROOT, pipeline_module
+from harness import pipeline_module
 
 from realformer_fairseq.squad import decoding, evaluation, features
 from realformer_fairseq.squad.features import (
     Context,
     Example,
-    Feature,
     FeatureSettings,
     SquadDataError,
     SquadSet,
@@ -541,7 +540,7 @@ def squad_model(root):
     cfg = state["cfg"]
     with open_dict(cfg):
         cfg.task = convert_namespace_to_omegaconf(
-            __import__("argparse").Namespace(task="squad", data=str(root / "bin"))
+            argparse.Namespace(task="squad", data=str(root / "bin"))
         ).task
     task = tasks.setup_task(cfg.task)
     model = task.build_model(cfg.model)
@@ -603,9 +602,7 @@ def test_squad_task_refuses_what_contradicts_the_data_bin(tiny_squad):
 
     from realformer_fairseq.errors import RealformerConfigError
 
-    args = __import__("argparse").Namespace(
-        task="squad", data=str(tiny_squad / "bin"), casing="cased"
-    )
+    args = argparse.Namespace(task="squad", data=str(tiny_squad / "bin"), casing="cased")
     with pytest.raises(RealformerConfigError) as err:
         tasks.setup_task(convert_namespace_to_omegaconf(args).task)
     assert (

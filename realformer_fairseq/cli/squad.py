@@ -175,9 +175,9 @@ def cmd_features(args):
 
 
 def cmd_predict(args):
-    from ..squad.predict import predict_subset
-
     import json
+
+    from ..squad.predict import predict_subset
 
     results = predict_subset(args.checkpoint, args.data_bin, args.subset, args.out_dir,
                              batch_size=args.batch_size, cpu=args.cpu,

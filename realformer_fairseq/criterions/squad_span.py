@@ -10,7 +10,6 @@ it) and the share of windows whose arg-max start / end is the label (``start_acc
 
 import math
 
-import torch
 import torch.nn.functional as F
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.dataclass import FairseqDataclass

@@ -10,7 +10,6 @@ padded to their longest sequence, so padding is left out to make the loss indepe
 batch).
 """
 
-import torch
 from torch import Tensor, nn
 
 BERT_INITIALIZER_RANGE = 0.02  # run_squad.py create_model: truncated_normal_initializer(0.02)

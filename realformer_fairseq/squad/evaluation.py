@@ -29,7 +29,7 @@ scores it 0).
 import collections
 import re
 import string
-from typing import Dict, List, Mapping, Optional
+from typing import List, Mapping, Optional
 
 from ..errors import RealformerConfigError
 
