@@ -2,7 +2,6 @@
 prepared subset (``realformer-squad predict``, examples/squad/evaluate.sh) and for one question
 about one context given as raw text (the hub's ``answer``)."""
 
-import collections
 import json
 import logging
 import os
@@ -195,7 +194,10 @@ def answer(hub, question: str, context: str, n_best_size: Optional[int] = None,
     )  # fmt: skip
     text = predictions["0"]
     span = next((e["offsets"] for e in nbest["0"] if e["text"] == text and text), None)
-    return collections.OrderedDict(
-        [("text", text), ("start", span[0] if span else None), ("end", span[1] if span else None),
-         ("null_odds", null_odds.get("0")), ("nbest", nbest["0"])]
-    )  # fmt: skip
+    return {
+        "text": text,
+        "start": span[0] if span else None,
+        "end": span[1] if span else None,
+        "null_odds": null_odds.get("0"),
+        "nbest": [dict(entry) for entry in nbest["0"]],
+    }
