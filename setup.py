@@ -73,6 +73,8 @@ setup(
             "realformer-attention-stats=realformer_fairseq.cli.attention_stats:cli_main",
             "realformer-import-tf=realformer_fairseq.cli.import_tf:cli_main",
             "realformer-wordpiece=realformer_fairseq.tf_import.wordpiece:cli_main",
+            "realformer-squad=realformer_fairseq.cli.squad:cli_main",
+            "realformer-squad-eval=realformer_fairseq.cli.squad_eval:cli_main",
         ]
     },
     classifiers=[

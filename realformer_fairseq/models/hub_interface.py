@@ -137,6 +137,15 @@ class RealformerRobertaHubInterface(RobertaHubInterface):
             filled.append((sentence, value, word))
         return filled
 
+    def answer(self, question: str, context: str, **decoding) -> dict:
+        """A model fine-tuned with ``--task squad`` answers ``question`` about ``context`` (raw
+        text), as run_squad.py does: ``{"text", "start", "end", "null_odds", "nbest"}``
+        (``realformer_fairseq.squad.predict.answer``; ``decoding``: ``n_best_size``,
+        ``max_answer_length``, ``null_score_diff_threshold``)."""
+        from ..squad.predict import answer
+
+        return answer(self, question, context, **decoding)
+
     def fill_mask(self, masked_input: str, topk: int = 5):
         """fairseq 0.12.3's ``fill_mask`` (same ``(sentence, probability, word)`` triples, same
         order); with a space-separated BPE the sentence is ``masked_input`` with ``<mask>``

@@ -60,6 +60,7 @@ from .architectures import register_family_architectures, register_family_base_a
 from .build_checks import arch_label, check_layers_match_settings, settings_for_build
 from .checkpoint_guard import ArchCheckedLoadMixin
 from .realformer_transformer import RealformerTransformerEncoder
+from .span_heads import SpanHeadMixin
 
 logger = logging.getLogger(__name__)
 
@@ -176,11 +177,12 @@ class RealformerRobertaEncoder(RobertaEncoder):
 
 @register_model("realformer_roberta")
 class RealformerRobertaModel(
-    RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel
+    SpanHeadMixin, RetainDropoutNamesMixin, ArchCheckedLoadMixin, AdminProfilingMixin, RobertaModel
 ):
     """fairseq's :class:`RobertaModel` with RealFormer residual attention in its
     encoder and optional ADMIN initialisation (profiled on the first training
-    batch of ``masked_lm`` or ``sentence_prediction``, or closed form).
+    batch of ``masked_lm`` or ``sentence_prediction``, or closed form), and span heads for
+    SQuAD (``models/span_heads.py``, registered by the plugin's ``squad`` task).
 
     Like fairseq 0.12.3's ``RobertaModel``, it does not compile with TorchScript (its
     ``forward`` takes ``**kwargs``)."""
@@ -323,15 +325,22 @@ class RealformerRobertaModel(
         :class:`RealformerRobertaHubInterface`; fairseq's always overrides the BPE.
 
         ``bpe="auto"`` (the default): a folder written by ``realformer-import-tf`` (it has
-        ``vocab.txt``) keeps the checkpoint's own BPE (``wordpiece``, cased or not as
-        converted) with that folder's ``vocab.txt``; any other folder gets fairseq's default,
-        ``gpt2``."""
+        ``vocab.txt``), or a model whose ``data_name_or_path`` has one (a SQuAD data-bin), keeps
+        the checkpoint's own BPE (``wordpiece``, cased or not as converted) with that
+        ``vocab.txt``; any other folder gets fairseq's default, ``gpt2``."""
         from .hub_interface import RealformerRobertaHubInterface, warn_if_not_plugin_model
 
         if bpe == "auto":
-            vocab = os.path.join(str(model_name_or_path), "vocab.txt")
-            if os.path.exists(vocab):
-                kwargs.setdefault("wordpiece_vocab", os.path.abspath(vocab))
+            folders = [str(model_name_or_path)]
+            data = str(data_name_or_path)
+            if data != ".":  # as fairseq's hub_utils resolves it
+                folders.append(
+                    os.path.join(str(model_name_or_path), data) if data.startswith(".") else data
+                )
+            vocabs = [os.path.join(f, "vocab.txt") for f in folders]
+            vocabs = [v for v in vocabs if os.path.exists(v)]
+            if vocabs:
+                kwargs.setdefault("wordpiece_vocab", os.path.abspath(vocabs[0]))
             else:
                 kwargs["bpe"] = "gpt2"
         else:

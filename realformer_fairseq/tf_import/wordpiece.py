@@ -202,6 +202,14 @@ class BertTextTokenizer:
         """WordPiece strings of ``text`` in the fairseq dictionary's spelling (``<unk>``)."""
         return [fairseq_symbol(p) for p in self.bert_pieces(text)]
 
+    def pieces_with_offsets(self, text: str) -> Tuple[List[str], List[Tuple[int, int]]]:
+        """The fairseq-spelled pieces of ``text`` and, for each, the ``(start, end)`` character
+        span of ``text`` it comes from (the ``tokenizers`` package tracks them through
+        lower-casing, accent stripping and the spaces put around CJK characters; every piece
+        of a word split into ``##`` continuations has its own span)."""
+        encoding = self._tokenizer.encode(text, add_special_tokens=False)
+        return [fairseq_symbol(p) for p in encoding.tokens], list(encoding.offsets)
+
     def encode_lines(self, lines: Sequence[str]) -> List[str]:
         """Each line as space-joined fairseq-spelled pieces (batched in Rust)."""
         encodings = self._tokenizer.encode_batch(list(lines), add_special_tokens=False)
