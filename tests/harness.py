@@ -9,11 +9,12 @@ import os
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import realformer_fairseq
 
@@ -40,6 +41,53 @@ def realformer_tf_fixture(*parts: str) -> Path:
     if not (path.exists() or path.with_name(path.name + ".index").exists()):
         raise FileNotFoundError(f"shared data missing: {path} (see its README.md)")
     return path
+
+
+# ---------------------------------------------------------------- parallel workers
+
+# one folder per test run that all its pytest-xdist workers see (conftest.py makes it in the
+# process that starts the run, before the workers, and removes it at the end of the run)
+RUN_DIR_VARIABLE = "REALFORMER_TEST_RUN_DIR"
+_built: Dict[str, Path] = {}
+
+
+def run_dir() -> Path:
+    """The test run's shared folder (a folder of this process's own outside pytest)."""
+    if not os.environ.get(RUN_DIR_VARIABLE):
+        folder = tempfile.mkdtemp(prefix="realformer-tests-")
+        atexit.register(shutil.rmtree, folder, True)
+        os.environ[RUN_DIR_VARIABLE] = folder
+    return Path(os.environ[RUN_DIR_VARIABLE])
+
+
+def built_once(name: str, build: Callable[[Path], None]) -> Path:
+    """``run_dir()/name``, filled by ``build(folder)`` once per test run whichever worker asks
+    first (pytest-xdist's file-lock pattern: the others wait for it, then find it built); a
+    build that fails leaves nothing behind, so the next caller builds again."""
+    from filelock import FileLock
+
+    if name not in _built:
+        folder = run_dir() / name
+        with FileLock(str(folder) + ".lock"):
+            if not (folder / ".built").exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir(parents=True)
+                try:
+                    build(folder)
+                except BaseException:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    raise
+                (folder / ".built").touch()
+        _built[name] = folder
+    return _built[name]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it): for anything a test starts that
+    listens, never a fixed port, so that parallel tests (and other users) do not collide."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def fairseq_command(name: str) -> str:
@@ -84,22 +132,25 @@ _multi30k_work: Optional[Path] = None
 def prepared_multi30k() -> Path:
     """scripts/prepare_multi30k.sh (the project's one Multi30k preparation: lower-cased,
     Moses-tokenised, joint BPE of 3000 merges) on the first lines of each split, once per
-    test process; returns its work folder (BPE'd text in ``final/``)."""
+    test run (:func:`built_once`: the parallel workers share it); returns its work folder
+    (BPE'd text in ``final/``)."""
     global _multi30k_work
     if _multi30k_work is None:
-        work = Path(tempfile.mkdtemp(prefix="realformer-multi30k-"))
-        atexit.register(shutil.rmtree, work, True)
         limits = MULTI30K_PREPARED_LINES
-        run(
-            [
-                "bash", REPO_ROOT / "scripts" / "prepare_multi30k.sh",
-                "--work-dir", work, "--data", SHARED_DATA, "--bpe-size", "3000", "--workers", "1",
-                "--max-train-lines", limits["train"], "--max-valid-lines", limits["valid"],
-                "--max-test-lines", limits["test"], "--until", "clean",
-            ],
-            env={"PYTHON": sys.executable},
-        )  # fmt: skip
-        _multi30k_work = work
+
+        def prepare(work: Path):
+            run(
+                [
+                    "bash", REPO_ROOT / "scripts" / "prepare_multi30k.sh",
+                    "--work-dir", work, "--data", SHARED_DATA, "--bpe-size", "3000",
+                    "--workers", "1", "--max-train-lines", limits["train"],
+                    "--max-valid-lines", limits["valid"], "--max-test-lines", limits["test"],
+                    "--until", "clean",
+                ],
+                env={"PYTHON": sys.executable},
+            )  # fmt: skip
+
+        _multi30k_work = built_once("multi30k", prepare)
     return _multi30k_work
 
 

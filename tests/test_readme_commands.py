@@ -32,7 +32,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import REPO_ROOT, SHARED_DATA, USER_DIR, shared_data
+from harness import REPO_ROOT, SHARED_DATA, USER_DIR, free_port, shared_data
 from test_pipeline import mirror  # noqa: F401  (the local download mirror fixture)
 from test_pipeline import write_pair
 
@@ -511,8 +511,10 @@ def test_command_block(block, layout, tmp_path, request):
 
 
 @pytest.mark.slow
-def test_torchrun_cpu_command_of_the_guarantees_runs_as_printed(layout):
+def test_torchrun_cpu_command_of_the_guarantees_runs_as_printed(layout, monkeypatch):
     (block,) = [b for b in command_blocks() if checker_of(b)[0] == "torchrun-cpu"]
+    # torchrun's --master-port from its environment: a free port, not 29500 (parallel runs)
+    monkeypatch.setenv("PET_MASTER_PORT", str(free_port()))
     proc = run_block(layout, block[3])
     assert "distributed init (rank 1)" in proc.stdout + proc.stderr
     assert (layout / "quickstart" / "ddp" / "checkpoint_last.pt").is_file()
