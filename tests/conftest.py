@@ -19,6 +19,7 @@ Parallel safety, in one place:
   the environment, a free port for anything that listens.
 """
 
+import json
 import logging
 import os
 import shutil
@@ -89,6 +90,7 @@ def _shared_fixtures(item):
 
 
 def _group_names(item):
+    """The item's xdist_group names (one, once collection_modifyitems below has run)."""
     return sorted(
         str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
         for mark in item.iter_markers("xdist_group")
@@ -110,8 +112,9 @@ def pytest_collection_modifyitems(config, items):
 
     keys = {}
     for item in items:
-        own = [f"group:{name}" for name in _group_names(item)]
-        keys[item] = own + [f"fixture:{f}" for f in _shared_fixtures(item)]
+        # a test that asks for a shared fixture lazily (request.getfixturevalue) joins its
+        # group with @pytest.mark.xdist_group("FILE::FIXTURE"), the name given here
+        keys[item] = _group_names(item) + _shared_fixtures(item)
         for other in keys[item][1:]:
             parent[find(other)] = find(keys[item][0])
     members = {}
@@ -133,3 +136,52 @@ def pytest_collection_modifyitems(config, items):
         for item in group:
             if not _group_names(item):
                 item.add_marker(pytest.mark.xdist_group(name))
+
+
+# ---------------------------------------------------------------------------
+# the scheduler of --dist loadgroup: the groups above, passed from the workers (which collect) to
+# the controller (which schedules) in a file of the run's folder. xdist's own loadgroup passes them
+# as a suffix of each test id, which pytest >= 9.2 no longer lets a plugin change: every group was
+# silently spread over the workers (pytest-dev/pytest-xdist#1386).
+
+GROUPS_FOLDER = "xdist-groups"
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_finish(session):
+    """In a worker, before it reports its collection: test id -> group of the grouped tests."""
+    if WORKER:
+        groups = {}
+        for item in session.items:
+            names = _group_names(item)
+            if names:
+                groups[item.nodeid] = names[0]
+        folder = Path(os.environ[RUN_DIR_VARIABLE]) / GROUPS_FOLDER
+        folder.mkdir(exist_ok=True)
+        tmp = folder / f".{WORKER}.json.tmp"
+        tmp.write_text(json.dumps(groups), encoding="utf-8")
+        tmp.replace(folder / f"{WORKER}.json")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedFixtureScheduling(LoadScopeScheduling):
+        """xdist's loadgroup scheduling (a group is one unit of work, run by one worker in
+        collection order; the largest units first) on the groups the workers wrote."""
+
+        groups = None
+
+        def _split_scope(self, nodeid):
+            if self.groups is None:
+                self.groups = {}
+                for path in sorted(
+                    (Path(os.environ[RUN_DIR_VARIABLE]) / GROUPS_FOLDER).glob("*.json")
+                ):
+                    self.groups.update(json.loads(path.read_text(encoding="utf-8")))
+            return self.groups.get(nodeid, nodeid)
+
+    return SharedFixtureScheduling(config, log)

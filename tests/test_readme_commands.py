@@ -23,6 +23,7 @@ Every ``fairseq-generate`` command of the docs is also parsed with fairseq's gen
 and must remove the BPE and keep every sentence (``--required-batch-size-multiple 1``).
 """
 
+import inspect
 import os
 import re
 import shlex
@@ -320,7 +321,7 @@ def check_smoke(block, **_):
     assert 'bash("smoke.sh", "--work-dir", work, timeout=1800)' in source
 
 
-def check_torchrun_cpu(block, layout, **_):
+def check_torchrun_cpu(block, **_):
     """The CPU torchrun command of docs/guarantees.md: its fairseq-train command is parsed by
     fairseq's parser here, and the command runs as printed in the slow test below."""
     inner = re.search(r"bash -c '(exec .*)'", re.sub(r"\\\n\s*", " ", block[3])).group(1)
@@ -500,11 +501,28 @@ def test_readme_has_the_newcomers_order():
     assert "| `--arch` |" in (REPO_ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("block", command_blocks(), ids=block_id)
-def test_command_block(block, layout, tmp_path, request):
+def needs_layout(block) -> bool:
+    """Whether the block's checker runs on the quick start's folder (the ``layout`` fixture)."""
+    check = checker_of(block)[1]
+    return check is not None and "layout" in inspect.signature(check).parameters
+
+
+# the blocks on the quick start's folder run in order on one pytest-xdist worker, with the other
+# tests of the ``layout`` fixture (tests/conftest.py); the others wherever there is room
+ON_LAYOUT = pytest.mark.xdist_group("test_readme_commands.py::layout")
+
+
+@pytest.mark.parametrize(
+    "block",
+    [pytest.param(b, marks=ON_LAYOUT) if needs_layout(b) else b for b in command_blocks()],
+    ids=block_id,
+)
+def test_command_block(block, tmp_path, request):
     name, check = checker_of(block)
     assert check is not None, block_id(block)
-    kwargs = {"layout": layout, "tmp_path": tmp_path}
+    kwargs = {"tmp_path": tmp_path}
+    if needs_layout(block):
+        kwargs["layout"] = request.getfixturevalue("layout")
     if name == "prepare":
         kwargs["mirror"] = request.getfixturevalue("mirror")
     check(block, **kwargs)
