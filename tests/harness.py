@@ -170,13 +170,42 @@ def make_multi30k_subset(
     return out_dir
 
 
+def fairseq_preprocess(args: Sequence) -> None:
+    """``fairseq-preprocess ARGS...``, run in this process as fairseq's own tests run it (their
+    tests/utils.py calls fairseq_cli.preprocess.main): the same data-bin, without starting a
+    Python that imports fairseq again (about 4 CPU seconds each). For the data of tests; the
+    tests of the command itself (the README's blocks, the pipelines) run the command."""
+    import logging
+
+    root = logging.getLogger()
+    guard = None
+    if not root.handlers:  # fairseq_cli.preprocess calls logging.basicConfig when imported
+        guard = logging.NullHandler()
+        root.addHandler(guard)
+    try:
+        from fairseq import options
+        from fairseq_cli import preprocess as fairseq_cli_preprocess
+    finally:
+        if guard is not None:
+            root.removeHandler(guard)
+    logger = logging.getLogger("fairseq_cli.preprocess")
+    handlers = logger.handlers[:]
+    try:
+        parser = options.get_preprocessing_parser()
+        fairseq_cli_preprocess.main(parser.parse_args([str(a) for a in args]))
+    finally:  # main() adds a FileHandler (DESTDIR/preprocess.log) to its logger on every call
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.handlers[:] = handlers
+
+
 def preprocess(
     raw_dir: Path, data_bin: Path, src: str = "en", tgt: str = "fr", extra: Sequence[str] = ()
 ):
     """fairseq-preprocess with a joined dictionary."""
-    run(
+    fairseq_preprocess(
         [
-            fairseq_command("fairseq-preprocess"),
             "--source-lang",
             src,
             "--target-lang",
@@ -507,9 +536,8 @@ def make_mlm_data(root: Path, n_train: int = 2000, n_valid: int = 200) -> Path:
     write_lines(raw / "train.txt", multi30k_lines("en", "train", 0, n_train))
     write_lines(raw / "valid.txt", multi30k_lines("en", "val", 0, n_valid))
     data_bin = root / "mlm_bin"
-    run(
+    fairseq_preprocess(
         [
-            fairseq_command("fairseq-preprocess"),
             "--only-source",
             "--task",
             "masked_lm",
@@ -542,9 +570,8 @@ def make_language_id_data(root: Path, srcdict: Path, n_train: int = 500, n_valid
         write_lines(raw / f"{split}.label", [r[1] for r in rows])
     data_bin = root / "cls_bin"
     for part, extra in (("input0", ["--srcdict", srcdict]), ("label", [])):
-        run(
+        fairseq_preprocess(
             [
-                fairseq_command("fairseq-preprocess"),
                 "--only-source",
                 "--trainpref",
                 raw / f"train.{part}",

@@ -23,6 +23,7 @@ Every ``fairseq-generate`` command of the docs is also parsed with fairseq's gen
 and must remove the BPE and keep every sentence (``--required-batch-size-multiple 1``).
 """
 
+import functools
 import inspect
 import os
 import re
@@ -330,6 +331,13 @@ def check_torchrun_cpu(block, **_):
     assert (args.distributed_world_size, args.ddp_backend) == (2, "legacy_ddp")
 
 
+@functools.lru_cache(maxsize=None)
+def module_help(module_name: str) -> str:
+    """``python -m MODULE --help`` (once per module and test process)."""
+    return subprocess.run([sys.executable, "-m", module_name, "--help"], cwd=REPO_ROOT,
+                          capture_output=True, text=True).stdout  # fmt: skip
+
+
 def check_study(block, **_):
     """A study (hours): each `python -m studies.NAME ARGS` is parsed by that study's parser."""
     import importlib
@@ -349,8 +357,7 @@ def check_study(block, **_):
         if parse is not None:
             parse(args)
         else:  # no separate parser: every flag must be one its --help lists
-            help_text = subprocess.run([sys.executable, "-m", module_name, "--help"],
-                                       cwd=REPO_ROOT, capture_output=True, text=True).stdout  # fmt: skip
+            help_text = module_help(module_name)
             for flag in (w for w in args if w.startswith("--")):
                 assert re.search(rf"{re.escape(flag)}\b", help_text), (flag, module_name)
 
