@@ -63,9 +63,11 @@ setup(
         # import both, fairseq 0.12.2 does not)
         "glue": ["scikit-learn>=1.0", "scipy>=1.7"],
         # the tests draw the figures of realformer-attention-stats and score examples/glue too
-        "test": ["pytest>=7", "pytest-timeout>=2", "matplotlib>=3.5", "scikit-learn>=1.0",
-                 "scipy>=1.7"],
-        "dev": ["black", "isort", "pytest>=7", "pytest-timeout>=2"],
+        # pytest-xdist: the suite runs on every core (pyproject.toml's addopts: -n auto)
+        "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3.5", "filelock>=3.0",
+                 "matplotlib>=3.5", "scikit-learn>=1.0", "scipy>=1.7"],
+        "dev": ["black", "isort", "pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3.5",
+                "filelock>=3.0"],
     },
     entry_points={
         "console_scripts": [

@@ -10,11 +10,12 @@ import os
 import random
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import realformer_fairseq
 
@@ -61,6 +62,53 @@ def pipeline_module(pipeline: str, name: str):
         sys.path.remove(str(folder))
 
 
+# ---------------------------------------------------------------- parallel workers
+
+# one folder per test run that all its pytest-xdist workers see (conftest.py makes it in the
+# process that starts the run, before the workers, and removes it at the end of the run)
+RUN_DIR_VARIABLE = "REALFORMER_TEST_RUN_DIR"
+_built: Dict[str, Path] = {}
+
+
+def run_dir() -> Path:
+    """The test run's shared folder (a folder of this process's own outside pytest)."""
+    if not os.environ.get(RUN_DIR_VARIABLE):
+        folder = tempfile.mkdtemp(prefix="realformer-tests-")
+        atexit.register(shutil.rmtree, folder, True)
+        os.environ[RUN_DIR_VARIABLE] = folder
+    return Path(os.environ[RUN_DIR_VARIABLE])
+
+
+def built_once(name: str, build: Callable[[Path], None]) -> Path:
+    """``run_dir()/name``, filled by ``build(folder)`` once per test run whichever worker asks
+    first (pytest-xdist's file-lock pattern: the others wait for it, then find it built); a
+    build that fails leaves nothing behind, so the next caller builds again."""
+    from filelock import FileLock
+
+    if name not in _built:
+        folder = run_dir() / name
+        with FileLock(str(folder) + ".lock"):
+            if not (folder / ".built").exists():
+                shutil.rmtree(folder, ignore_errors=True)
+                folder.mkdir(parents=True)
+                try:
+                    build(folder)
+                except BaseException:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    raise
+                (folder / ".built").touch()
+        _built[name] = folder
+    return _built[name]
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on now (the OS picks it): for anything a test starts that
+    listens, never a fixed port, so that parallel tests (and other users) do not collide."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def fairseq_command(name: str) -> str:
     """Path of a fairseq console script in this environment."""
     exe = BIN / name
@@ -103,22 +151,25 @@ _multi30k_work: Optional[Path] = None
 def prepared_multi30k() -> Path:
     """scripts/prepare_multi30k.sh (the project's one Multi30k preparation: lower-cased,
     Moses-tokenised, joint BPE of 3000 merges) on the first lines of each split, once per
-    test process; returns its work folder (BPE'd text in ``final/``)."""
+    test run (:func:`built_once`: the parallel workers share it); returns its work folder
+    (BPE'd text in ``final/``)."""
     global _multi30k_work
     if _multi30k_work is None:
-        work = Path(tempfile.mkdtemp(prefix="realformer-multi30k-"))
-        atexit.register(shutil.rmtree, work, True)
         limits = MULTI30K_PREPARED_LINES
-        run(
-            [
-                "bash", REPO_ROOT / "scripts" / "prepare_multi30k.sh",
-                "--work-dir", work, "--data", SHARED_DATA, "--bpe-size", "3000", "--workers", "1",
-                "--max-train-lines", limits["train"], "--max-valid-lines", limits["valid"],
-                "--max-test-lines", limits["test"], "--until", "clean",
-            ],
-            env={"PYTHON": sys.executable},
-        )  # fmt: skip
-        _multi30k_work = work
+
+        def prepare(work: Path):
+            run(
+                [
+                    "bash", REPO_ROOT / "scripts" / "prepare_multi30k.sh",
+                    "--work-dir", work, "--data", SHARED_DATA, "--bpe-size", "3000",
+                    "--workers", "1", "--max-train-lines", limits["train"],
+                    "--max-valid-lines", limits["valid"], "--max-test-lines", limits["test"],
+                    "--until", "clean",
+                ],
+                env={"PYTHON": sys.executable},
+            )  # fmt: skip
+
+        _multi30k_work = built_once("multi30k", prepare)
     return _multi30k_work
 
 
@@ -138,13 +189,42 @@ def make_multi30k_subset(
     return out_dir
 
 
+def fairseq_preprocess(args: Sequence) -> None:
+    """``fairseq-preprocess ARGS...``, run in this process as fairseq's own tests run it (their
+    tests/utils.py calls fairseq_cli.preprocess.main): the same data-bin, without starting a
+    Python that imports fairseq again (about 4 CPU seconds each). For the data of tests; the
+    tests of the command itself (the README's blocks, the pipelines) run the command."""
+    import logging
+
+    root = logging.getLogger()
+    guard = None
+    if not root.handlers:  # fairseq_cli.preprocess calls logging.basicConfig when imported
+        guard = logging.NullHandler()
+        root.addHandler(guard)
+    try:
+        from fairseq import options
+        from fairseq_cli import preprocess as fairseq_cli_preprocess
+    finally:
+        if guard is not None:
+            root.removeHandler(guard)
+    logger = logging.getLogger("fairseq_cli.preprocess")
+    handlers = logger.handlers[:]
+    try:
+        parser = options.get_preprocessing_parser()
+        fairseq_cli_preprocess.main(parser.parse_args([str(a) for a in args]))
+    finally:  # main() adds a FileHandler (DESTDIR/preprocess.log) to its logger on every call
+        for handler in logger.handlers:
+            if handler not in handlers:
+                handler.close()
+        logger.handlers[:] = handlers
+
+
 def preprocess(
     raw_dir: Path, data_bin: Path, src: str = "en", tgt: str = "fr", extra: Sequence[str] = ()
 ):
     """fairseq-preprocess with a joined dictionary."""
-    run(
+    fairseq_preprocess(
         [
-            fairseq_command("fairseq-preprocess"),
             "--source-lang",
             src,
             "--target-lang",
@@ -475,9 +555,8 @@ def make_mlm_data(root: Path, n_train: int = 2000, n_valid: int = 200) -> Path:
     write_lines(raw / "train.txt", multi30k_lines("en", "train", 0, n_train))
     write_lines(raw / "valid.txt", multi30k_lines("en", "val", 0, n_valid))
     data_bin = root / "mlm_bin"
-    run(
+    fairseq_preprocess(
         [
-            fairseq_command("fairseq-preprocess"),
             "--only-source",
             "--task",
             "masked_lm",
@@ -510,9 +589,8 @@ def make_language_id_data(root: Path, srcdict: Path, n_train: int = 500, n_valid
         write_lines(raw / f"{split}.label", [r[1] for r in rows])
     data_bin = root / "cls_bin"
     for part, extra in (("input0", ["--srcdict", srcdict]), ("label", [])):
-        run(
+        fairseq_preprocess(
             [
-                fairseq_command("fairseq-preprocess"),
                 "--only-source",
                 "--trainpref",
                 raw / f"train.{part}",

@@ -13,7 +13,7 @@ import pytest
 import torch
 from harness import (
     BIN,
-    fairseq_command,
+    fairseq_preprocess,
     make_multi30k_subset,
     preprocess,
     run,
@@ -120,9 +120,8 @@ def corpus(tmp_path_factory):
     root = tmp_path_factory.mktemp("attn_data")
     raw = make_multi30k_subset(root / "raw", n_train=600, n_valid=50, n_test=N_LINES)
     mlm_bin = root / "mlm_bin"
-    run(
+    fairseq_preprocess(
         [
-            fairseq_command("fairseq-preprocess"),
             "--only-source",
             "--trainpref",
             raw / "train.en",

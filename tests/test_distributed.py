@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shlex
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -72,12 +71,6 @@ def train_args(data_bin: Path, save_dir: Path, *extra) -> List[str]:
     )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def env(**extra) -> Dict[str, str]:
     return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **extra)
 
@@ -98,7 +91,7 @@ def run_command(cmd: List) -> str:
 
 def run_ranks(launcher: Path, out_dir: Path, args: List[str], world_size=2, **extra_env):
     """Start ``world_size`` fairseq-train ranks (gloo, tcp://); return their logs."""
-    init = f"tcp://127.0.0.1:{free_port()}"
+    init = f"tcp://127.0.0.1:{harness.free_port()}"
     procs = []
     for rank in range(world_size):
         cmd = [sys.executable, launcher, out_dir / f"rank{rank}.pt", *args]
@@ -230,7 +223,7 @@ def test_torchrun_cpu_command(setup, tmp_path):
             "--nproc_per_node",
             "2",
             "--master_port",
-            str(free_port()),
+            str(harness.free_port()),
             "--no-python",
             "bash",
             "-c",

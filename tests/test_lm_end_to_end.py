@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import USER_DIR, fairseq_command, parse_train_losses, run, shared_data
+from harness import (
+    USER_DIR,
+    fairseq_command,
+    fairseq_preprocess,
+    parse_train_losses,
+    run,
+    shared_data,
+)
 
 from realformer_fairseq.models.realformer_lm import RealformerLanguageModel
 from realformer_fairseq.modules.admin import AdminResidual
@@ -34,9 +41,9 @@ def lm_data(tmp_path_factory):
             lines = [tokenize(line) for _, line in zip(range(n), fh)]
         (root / f"{split}.txt").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
     data_bin = root / "bin"
-    run(
+    fairseq_preprocess(
         [
-            fairseq_command("fairseq-preprocess"), "--only-source",
+            "--only-source",
             "--trainpref", root / "train.txt", "--validpref", root / "valid.txt",
             "--destdir", data_bin, "--thresholdsrc", "2", "--workers", "1",
         ]

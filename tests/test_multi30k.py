@@ -138,7 +138,10 @@ def test_the_convergence_study_and_the_test_harness_call_the_script(tmp_path, mo
         "--data", "/data", "--bpe-size", "4000", "--workers", "2", "--max-valid-lines", "400",
     ]  # fmt: skip
 
-    monkeypatch.setattr(harness, "_multi30k_work", None)  # as in a fresh test process
+    # as in a fresh test run
+    monkeypatch.setattr(harness, "_multi30k_work", None)
+    monkeypatch.setattr(harness, "_built", {})
+    monkeypatch.setenv(harness.RUN_DIR_VARIABLE, str(tmp_path / "run"))
     monkeypatch.setattr(harness, "run", lambda cmd, **k: commands.append(cmd))
     work = harness.prepared_multi30k()
     assert [str(c) for c in commands.pop()] == [

@@ -214,12 +214,12 @@ def test_a_changed_input_redoes_the_stages_that_read_it(tmp_path, corpus):
     ]  # fmt: skip
 
 
-def test_data_bin_files_get_the_modes_of_the_umask(tmp_path, corpus):
+def test_data_bin_files_get_the_modes_of_the_umask(tiny_run):
     """Every file prepare.sh leaves (data-bin, text of every stage) is readable as the umask
     allows, as files made by cp or fairseq-preprocess are (before: bpecodes, test.raw.*,
-    test.tok.* and every text stage's output were 0600, from mkstemp)."""
-    work = tmp_path / "work"
-    assert prepare(work, corpus).returncode == 0
+    test.tok.* and every text stage's output were 0600, from mkstemp). On the work folder of
+    ``tiny_run``'s prepare.sh (the pairs of ``corpus``; train.sh writes outside it)."""
+    work = tiny_run[0] / "work"
     umask = os.umask(0)
     os.umask(umask)
     modes = {

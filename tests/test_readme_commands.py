@@ -24,6 +24,8 @@ and must remove the BPE and keep every sentence (``--required-batch-size-multipl
 """
 
 import ast
+import functools
+import inspect
 import os
 import re
 import shlex
@@ -33,7 +35,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import REPO_ROOT, SHARED_DATA, USER_DIR, shared_data
+from harness import REPO_ROOT, SHARED_DATA, USER_DIR, free_port, shared_data
 from test_pipeline import mirror  # noqa: F401  (the local download mirror fixture)
 from test_pipeline import write_pair
 
@@ -390,13 +392,20 @@ def check_smoke(block, **_):
     assert 'bash("smoke.sh", "--work-dir", work, timeout=1800)' in source
 
 
-def check_torchrun_cpu(block, layout, **_):
+def check_torchrun_cpu(block, **_):
     """The CPU torchrun command of docs/guarantees.md: its fairseq-train command is parsed by
     fairseq's parser here, and the command runs as printed in the slow test below."""
     inner = re.search(r"bash -c '(exec .*)'", re.sub(r"\\\n\s*", " ", block[3])).group(1)
     words = shlex.split(inner.replace("$RANK", "0"))[1:]
     args = parse_with_fairseq(words[1:], "get_training_parser")
     assert (args.distributed_world_size, args.ddp_backend) == (2, "legacy_ddp")
+
+
+@functools.lru_cache(maxsize=None)
+def module_help(module_name: str) -> str:
+    """``python -m MODULE --help`` (once per module and test process)."""
+    return subprocess.run([sys.executable, "-m", module_name, "--help"], cwd=REPO_ROOT,
+                          capture_output=True, text=True).stdout  # fmt: skip
 
 
 def check_study(block, **_):
@@ -418,8 +427,7 @@ def check_study(block, **_):
         if parse is not None:
             parse(args)
         else:  # no separate parser: every flag must be one its --help lists
-            help_text = subprocess.run([sys.executable, "-m", module_name, "--help"],
-                                       cwd=REPO_ROOT, capture_output=True, text=True).stdout  # fmt: skip
+            help_text = module_help(module_name)
             for flag in (w for w in args if w.startswith("--")):
                 assert re.search(rf"{re.escape(flag)}\b", help_text), (flag, module_name)
 
@@ -571,19 +579,38 @@ def test_readme_has_the_newcomers_order():
     assert "| `--arch` |" in (REPO_ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.parametrize("block", command_blocks(), ids=block_id)
-def test_command_block(block, layout, tmp_path, request):
+def needs_layout(block) -> bool:
+    """Whether the block's checker runs on the quick start's folder (the ``layout`` fixture)."""
+    check = checker_of(block)[1]
+    return check is not None and "layout" in inspect.signature(check).parameters
+
+
+# the blocks on the quick start's folder run in order on one pytest-xdist worker, with the other
+# tests of the ``layout`` fixture (tests/conftest.py); the others wherever there is room
+ON_LAYOUT = pytest.mark.xdist_group("test_readme_commands.py::layout")
+
+
+@pytest.mark.parametrize(
+    "block",
+    [pytest.param(b, marks=ON_LAYOUT) if needs_layout(b) else b for b in command_blocks()],
+    ids=block_id,
+)
+def test_command_block(block, tmp_path, request):
     name, check = checker_of(block)
     assert check is not None, block_id(block)
-    kwargs = {"layout": layout, "tmp_path": tmp_path}
+    kwargs = {"tmp_path": tmp_path}
+    if needs_layout(block):
+        kwargs["layout"] = request.getfixturevalue("layout")
     if name == "prepare":
         kwargs["mirror"] = request.getfixturevalue("mirror")
     check(block, **kwargs)
 
 
 @pytest.mark.slow
-def test_torchrun_cpu_command_of_the_guarantees_runs_as_printed(layout):
+def test_torchrun_cpu_command_of_the_guarantees_runs_as_printed(layout, monkeypatch):
     (block,) = [b for b in command_blocks() if checker_of(b)[0] == "torchrun-cpu"]
+    # torchrun's --master-port from its environment: a free port, not 29500 (parallel runs)
+    monkeypatch.setenv("PET_MASTER_PORT", str(free_port()))
     proc = run_block(layout, block[3])
     assert "distributed init (rank 1)" in proc.stdout + proc.stderr
     assert (layout / "quickstart" / "ddp" / "checkpoint_last.pt").is_file()

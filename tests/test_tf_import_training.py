@@ -9,7 +9,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from harness import USER_DIR, fairseq_command, fairseq_train, realformer_tf_fixture, run
+from harness import (
+    USER_DIR,
+    fairseq_command,
+    fairseq_preprocess,
+    fairseq_train,
+    realformer_tf_fixture,
+    run,
+)
 
 from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.modules.bert import segment_ids_from_separator
@@ -58,9 +65,8 @@ def wordpiece(imported: Path, raw: Path, out: Path):
 
 
 def preprocess(imported: Path, prefix: Path, dest: Path, srcdict=True):
-    run(
+    fairseq_preprocess(
         [
-            fairseq_command("fairseq-preprocess"),
             "--only-source",
             "--trainpref",
             f"{prefix}.train",

@@ -20,6 +20,7 @@ from harness import (
     REPO_ROOT,
     USER_DIR,
     fairseq_command,
+    fairseq_preprocess,
     fairseq_train,
     parse_train_losses,
     parse_valid_loss,
@@ -270,8 +271,8 @@ def encoder_only(pipeline):
     srcdict = data_bin / "dict.en.txt"
 
     def preprocess(trainpref, validpref, dest, extra=()):
-        run([fairseq_command("fairseq-preprocess"), "--only-source", "--trainpref", trainpref,
-             "--validpref", validpref, "--destdir", dest, "--workers", "1", *extra])  # fmt: skip
+        fairseq_preprocess(["--only-source", "--trainpref", trainpref, "--validpref", validpref,
+                            "--destdir", dest, "--workers", "1", *extra])  # fmt: skip
 
     mlm_bin = root / "mlm_bin"
     preprocess(work / "final" / "train.en", work / "final" / "valid.en", mlm_bin,
@@ -420,9 +421,9 @@ def french_model(pipeline):
         (raw / f"{split}.en").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
         (raw / f"{split}.fr").write_text((target + "\n") * len(lines), encoding="utf-8")
     dest = root / "french_bin"
-    run([fairseq_command("fairseq-preprocess"), "-s", "en", "-t", "fr", "--trainpref", raw / "train",
-         "--validpref", raw / "valid", "--destdir", dest, "--srcdict", data_bin / "dict.en.txt",
-         "--tgtdict", data_bin / "dict.fr.txt", "--workers", "1"])  # fmt: skip
+    fairseq_preprocess(["-s", "en", "-t", "fr", "--trainpref", raw / "train", "--validpref",
+                        raw / "valid", "--destdir", dest, "--srcdict", data_bin / "dict.en.txt",
+                        "--tgtdict", data_bin / "dict.fr.txt", "--workers", "1"])  # fmt: skip
     save_dir = root / "french_ckpt"
     run([fairseq_command("fairseq-train"), *translation_train_args(
         dest, save_dir, max_update=40, extra=["--max-tokens", "1000", "--lr", "5e-3"])])  # fmt: skip
