@@ -384,7 +384,8 @@ def test_pretrain_sh_dry_run_is_berts_recipe_flag_by_flag(tmp_path, size, gpus):
         assert flags["--distributed-world-size"] == str(gpus) and "--fp16" in flags
         assert flags["--bpe"] == "wordpiece"
         assert flags["--wordpiece-vocab"] == str(d128 / "vocab.txt")
-        assert "--wordpiece-cased" not in flags  # an uncased data-bin
+        # an uncased data-bin: the casing is stated in the checkpoint, not left to the vocabulary
+        assert "--wordpiece-uncased" in flags and "--wordpiece-cased" not in flags
     assert "--reset-dataloader" in phases[1] and "--reset-dataloader" not in phases[0]
 
 
@@ -493,9 +494,12 @@ def test_end_to_end_accuracy_above_baseline(pretrained):
     assert final > baseline["accuracy"] + E2E_MARGIN, (final, baseline)
     assert f"{final:.2f} %" in proc.stdout
     assert report["best"]["checkpoint"] == checkpoints[-1]["checkpoint"]
-    assert (
-        "examples/glue/finetune.sh" in proc.stdout and report["best"]["checkpoint"] in proc.stdout
-    )
+    best = report["best"]["checkpoint"]
+    for pipeline in ("glue", "squad"):  # the model alone tells them its tokenizer and casing
+        assert f"bash examples/{pipeline}/prepare.sh" in proc.stdout
+        prepare = next(x for x in proc.stdout.splitlines() if f"{pipeline}/prepare.sh" in x)
+        assert f"--model {best}" in prepare and "--wordpiece-vocab" not in prepare
+        assert f"examples/{pipeline}/finetune.sh" in proc.stdout
     assert (data_bin.parent.parent / "eval" / "mlm_accuracy.png").stat().st_size > 1000
 
 
@@ -523,6 +527,9 @@ def test_checkpoint_carries_the_tokenizer(pretrained):
     info = read_model_info(report["best"]["checkpoint"])
     assert info.tokenizer == "wordpiece" and info.cased is False
     assert Path(info.vocab).read_text() == (data_bin / "vocab.txt").read_text()
+    assert Path(info.dictionary).read_text() == (data_bin / "dict.txt").read_text()
+    state = torch.load(report["best"]["checkpoint"], map_location="cpu", weights_only=False)
+    assert state["cfg"]["bpe"]["wordpiece_uncased"] is True  # stated, not read from the vocabulary
 
 
 def test_masking_is_berts_15_percent_80_10_10(pretrained):

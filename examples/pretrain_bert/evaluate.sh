@@ -3,7 +3,7 @@
 # accuracy on prepare.sh's held-out documents, masked once with a fixed seed so that every
 # checkpoint of every save dir (variant, seed) is scored on the same masked positions; one line
 # per checkpoint, DIR/mlm_accuracy.json and DIR/mlm_accuracy.png (accuracy against updates, the
-# save dirs side by side), and the next commands for examples/glue on the best checkpoint.
+# save dirs side by side), and the next commands for examples/glue and examples/squad on the best checkpoint.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
 source "$PIPELINE_DIR/stages.sh"

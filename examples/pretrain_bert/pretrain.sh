@@ -108,8 +108,9 @@ if [[ -n "$DATA_BIN_512" ]]; then
     PHASE2=(--data-bin-512 "$(abspath "$DATA_BIN_512")" --seq-len-512 "$DB_SEQ_LEN")
 fi
 # the tokenizer travels with the checkpoint (cfg.bpe): what evaluate / GLUE read from the model
+# casing stated either way (--wordpiece-uncased too): never left to what the vocabulary looks like
 BPE_ARGS=(--bpe wordpiece --wordpiece-vocab "$VOCAB_FILE")
-[[ $CASED == 0 ]] || BPE_ARGS+=(--wordpiece-cased)
+if [[ $CASED == 0 ]]; then BPE_ARGS+=(--wordpiece-uncased); else BPE_ARGS+=(--wordpiece-cased); fi
 
 if [[ $CPU == 1 ]]; then
     GPUS=1
@@ -144,7 +145,7 @@ own_option_of() {
     --update-freq) echo "--update-freq" ;;
     --distributed-world-size) echo "--gpus / --nnodes" ;;
     --tokens-per-sample) echo "prepare.sh --max-seq-len (the data-bin's)" ;;
-    --bpe | --wordpiece-vocab | --wordpiece-cased) echo "prepare.sh (the data-bin's vocabulary)" ;;
+    --bpe | --wordpiece-vocab | --wordpiece-cased | --wordpiece-uncased) echo "prepare.sh (the data-bin's vocabulary and casing)" ;;
     *) return 1 ;;
     esac
 }

@@ -195,18 +195,23 @@ def checkpoint_files(save_dir: str) -> List[str]:
     return files
 
 
-def glue_commands(best: Dict, data_bin_info: Dict, data_bin: str) -> List[str]:
-    vocab = os.path.join(os.path.abspath(data_bin), "vocab.txt")
-    dictionary = os.path.join(os.path.abspath(data_bin), "dict.txt")
-    cased = " --cased" if data_bin_info.get("cased") else ""
-    ckpt = os.path.abspath(best["checkpoint"])
+def next_commands(best: Dict) -> List[str]:
+    """examples/glue and examples/squad on the best checkpoint: ``--model`` hands them the
+    checkpoint, whose tokenizer, vocabulary and casing they read from it (nothing to repeat)."""
+    ckpt = shlex.quote(os.path.abspath(best["checkpoint"]))
     return [
-        f"bash examples/glue/prepare.sh --task RTE --glue-dir glue_data --wordpiece-vocab "
-        f"{shlex.quote(vocab)} --dict {shlex.quote(dictionary)}{cased} --work-dir glue_work/RTE",
+        f"bash examples/glue/prepare.sh --task RTE --glue-dir glue_data --model {ckpt} "
+        "--work-dir glue_work/RTE",
         f"bash examples/glue/finetune.sh --task RTE --data-bin glue_work/RTE/data-bin "
-        f"--checkpoint {shlex.quote(ckpt)} --save-dir glue_checkpoints/RTE",
+        f"--checkpoint {ckpt} --save-dir glue_checkpoints/RTE",
         "bash examples/glue/evaluate.sh --task RTE --data-bin glue_work/RTE/data-bin "
         "--checkpoint-dir glue_checkpoints/RTE",
+        f"bash examples/squad/prepare.sh --model {ckpt} --squad-dir squad --version 2.0 "
+        "--work-dir squad_work/v2.0",
+        f"bash examples/squad/finetune.sh --data-bin squad_work/v2.0/data-bin --checkpoint {ckpt} "
+        "--save-dir squad_checkpoints/v2.0",
+        "bash examples/squad/evaluate.sh --data-bin squad_work/v2.0/data-bin "
+        "--checkpoint-dir squad_checkpoints/v2.0",
     ]
 
 
@@ -309,8 +314,11 @@ def cmd_evaluate(args):
         f"best: {best['checkpoint']} (update {best['update']}): {best['accuracy']:.2f} % "
         f"(results: {os.path.join(out_dir, 'mlm_accuracy.json')}, plot mlm_accuracy.png)"
     )
-    print("next, GLUE on the best checkpoint (examples/glue; GLUE's data downloaded by you):")
-    for line in glue_commands(best, info, args.data_bin):
+    print(
+        "next, GLUE and SQuAD on the best checkpoint (examples/glue, examples/squad; their data "
+        "downloaded by you):"
+    )
+    for line in next_commands(best):
         print(f"  {line}")
 
 

@@ -23,6 +23,8 @@ import shlex
 import sys
 from typing import List, Optional, Sequence, Tuple
 
+from realformer_pipelines.errors import InputError, run_cli
+
 BERT = "google-research/bert"
 PAPER = "Devlin et al. 2019, A.2"
 OURS = "this pipeline"
@@ -163,7 +165,7 @@ def update_freq_for(world: int, per_gpu: int, target: int = BATCH_SEQUENCES) -> 
     return per_gpu, freq
 
 
-class RecipeError(ValueError):
+class RecipeError(InputError):
     """A request the recipe cannot meet; one line."""
 
 
@@ -399,13 +401,7 @@ def get_parser():
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = get_parser().parse_args(argv)
-    try:
-        args.fn(args)
-    except RecipeError as err:
-        print(f"pretrain_bert: error: {err}", file=sys.stderr)
-        return 1
-    return 0
+    return run_cli(get_parser(), argv, prog="pretrain_bert")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ import shlex
 import sys
 from typing import List, Optional, Tuple
 
+from realformer_pipelines.errors import InputError, run_cli
+
 BERT = "google-research/bert "
 README, RUN_SQUAD, OPTIMIZATION = (
     BERT + "README.md",
@@ -133,6 +135,8 @@ FP16_FLAGS = ("--fp16",)
 def cmd_shell(args):
     """bash assignments for finetune.sh: RECIPE_TRAIN (array), the batch, updates and warm-up,
     and the feature and decoding settings."""
+    if args.train_examples < 1:
+        raise InputError("--train-examples must be at least 1")
     flags: List[str] = []
     for flag, value, _ in recipe(args.version, args.train_examples):
         if args.no_fp16 and flag in FP16_FLAGS:
@@ -172,12 +176,7 @@ def get_parser():
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = get_parser().parse_args(argv)
-    if getattr(args, "train_examples", 1) < 1:
-        print("squad: error: --train-examples must be at least 1", file=sys.stderr)
-        return 1
-    args.fn(args)
-    return 0
+    return run_cli(get_parser(), argv, prog="squad")
 
 
 if __name__ == "__main__":
