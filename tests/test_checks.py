@@ -101,3 +101,69 @@ def test_stage_checks_start_no_fairseq_and_no_sacremoses(tmp_path):
     assert out == f"sacremoses-{metadata.version('sacremoses')}+perl-fixes-2\n"
     assert out == "sacremoses-0.2.0+perl-fixes-2\n"  # setup.py's pin
     assert not {"fairseq", "torch", "sacremoses"} & modules, sorted(modules)
+
+
+def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
+    """tools preprocess-commands (GLUE's binarize stage: its commands in one process) makes
+    byte for byte the files the fairseq-preprocess command makes, each command's log in its
+    own file starting with the command, nothing on stdout; a failing command is one line
+    naming its log."""
+    import shlex
+    import subprocess
+    import sys
+
+    from harness import fairseq_command
+
+    text = tmp_path / "text"
+    text.mkdir()
+    for split, lines in (("train", ["a b c", "b c d e", "zz a"]), ("valid", ["c d", "a"])):
+        (text / f"{split}.input0").write_text("".join(x + "\n" for x in lines), encoding="utf-8")
+        (text / f"{split}.label").write_text("x\ny\n" + ("x\n" if split == "train" else ""))
+    (tmp_path / "dict.txt").write_text("a 5\nb 4\nc 3\nd 2\n", encoding="utf-8")
+    (tmp_path / "label.dict.txt").write_text("x 1\ny 1\n", encoding="utf-8")
+
+    def args(name, dict_file, dest):
+        return ["--only-source", "--srcdict", str(tmp_path / dict_file), "--trainpref",
+                str(text / f"train.{name}"), "--validpref", str(text / f"valid.{name}"),
+                "--destdir", str(dest / name), "--workers", "1"]  # fmt: skip
+
+    jobs = [("input0", "dict.txt"), ("label", "label.dict.txt")]
+    for name, dict_file in jobs:
+        proc = subprocess.run([fairseq_command("fairseq-preprocess"),
+                               *args(name, dict_file, tmp_path / "by_command")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
+        assert proc.returncode == 0, proc.stdout[-2000:]
+    commands = tmp_path / "commands"
+    commands.write_text("".join(
+        shlex.join([str(tmp_path / f"log.{name}"), "fairseq-preprocess",
+                    *args(name, dict_file, tmp_path / "in_one")]) + "\n"
+        for name, dict_file in jobs))  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "realformer_pipelines.tools",
+                           "preprocess-commands", str(commands)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr[-2000:]
+    for name, dict_file in jobs:
+        made = sorted(p.name for p in (tmp_path / "by_command" / name).iterdir())
+        assert made == sorted(p.name for p in (tmp_path / "in_one" / name).iterdir())
+        assert {"train.bin", "train.idx", "valid.bin", "valid.idx", "dict.txt"} <= set(made)
+        for file in made:
+            if file != "preprocess.log":
+                expected = (tmp_path / "by_command" / name / file).read_bytes()
+                assert (tmp_path / "in_one" / name / file).read_bytes() == expected, (name, file)
+        log = (tmp_path / f"log.{name}").read_text(encoding="utf-8").splitlines()
+        assert log[0] == shlex.join(["fairseq-preprocess", *args(name, dict_file, tmp_path / "in_one")])
+        assert sum("replaced (by <unk>)" in line for line in log) == 2, log
+    # input0's "e" and "zz" are not in the dictionary: fairseq's count, in the log
+    assert "[None] " + str(text / "train.input0") + ": 3 sents, 12 tokens, 16.7% replaced (by <unk>)" in (
+        tmp_path / "log.input0").read_text(encoding="utf-8")  # fmt: skip
+    commands.write_text(shlex.join([str(tmp_path / "log.bad"), "fairseq-preprocess",
+                                    "--only-source", "--trainpref", str(text / "missing"),
+                                    "--destdir", str(tmp_path / "bad")]) + "\n")  # fmt: skip
+    proc = subprocess.run([sys.executable, "-m", "realformer_pipelines.tools",
+                           "preprocess-commands", str(commands)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"realformer_pipelines: error: fairseq-preprocess failed (FileNotFoundError), see {tmp_path / 'log.bad'}"
+    ], proc.stderr
+    assert "Traceback" in (tmp_path / "log.bad").read_text(encoding="utf-8")
