@@ -40,7 +40,9 @@ def test_read_mmap_index_equals_fairseqs_reader(dtype, lengths, tmp_path):
     index = MMapIndexedDataset.Index(idx)
     n = len(index)
     need = int(index._pointers[-1]) + int(index._sizes[-1]) * index._dtype_size if n else 0
-    assert read_mmap_index(idx) == (n, need) == (len(lengths), sum(lengths) * np.dtype(dtype).itemsize)
+    assert (
+        read_mmap_index(idx) == (n, need) == (len(lengths), sum(lengths) * np.dtype(dtype).itemsize)
+    )
     assert need == os.path.getsize(str(tmp_path / "train.bin"))
     assert check_binarized(idx) == len(lengths)
 
@@ -51,7 +53,9 @@ def test_check_binarized_names_what_is_wrong(tmp_path):
     data = bin_path.read_bytes()
     assert len(data) == 20
     bin_path.write_bytes(data[:15])
-    with pytest.raises(InputError, match=r"valid\.bin: truncated \(15 bytes, its index valid\.idx needs 20\)"):
+    with pytest.raises(
+        InputError, match=r"valid\.bin: truncated \(15 bytes, its index valid\.idx needs 20\)"
+    ):
         check_binarized(idx)
     bin_path.unlink()
     with pytest.raises(InputError, match=r"valid\.bin: missing \(its index .*valid\.idx exists\)"):
@@ -59,10 +63,15 @@ def test_check_binarized_names_what_is_wrong(tmp_path):
     bin_path.write_bytes(data)
     whole = (tmp_path / "valid.idx").read_bytes()
     (tmp_path / "valid.idx").write_bytes(whole[:30])  # header, then cut inside the sizes
-    with pytest.raises(InputError, match=r"valid\.idx: not a fairseq index file or truncated \(30 bytes for 2 sentences\)"):
+    with pytest.raises(
+        InputError,
+        match=r"valid\.idx: not a fairseq index file or truncated \(30 bytes for 2 sentences\)",
+    ):
         check_binarized(idx)
     (tmp_path / "valid.idx").write_bytes(b"TNTIDX\x00\x00" + whole[8:])  # the legacy format
-    with pytest.raises(InputError, match=r"valid\.idx: not a fairseq index file \(dataset-impl mmap\)"):
+    with pytest.raises(
+        InputError, match=r"valid\.idx: not a fairseq index file \(dataset-impl mmap\)"
+    ):
         check_binarized(idx)
     (tmp_path / "valid.idx").unlink()
     with pytest.raises(InputError, match=r"valid\.idx: missing binarized index"):
@@ -151,7 +160,9 @@ def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
                 expected = (tmp_path / "by_command" / name / file).read_bytes()
                 assert (tmp_path / "in_one" / name / file).read_bytes() == expected, (name, file)
         log = (tmp_path / f"log.{name}").read_text(encoding="utf-8").splitlines()
-        assert log[0] == shlex.join(["fairseq-preprocess", *args(name, dict_file, tmp_path / "in_one")])
+        assert log[0] == shlex.join(
+            ["fairseq-preprocess", *args(name, dict_file, tmp_path / "in_one")]
+        )
         assert sum("replaced (by <unk>)" in line for line in log) == 2, log
     # input0's "e" and "zz" are not in the dictionary: fairseq's count, in the log
     assert "[None] " + str(text / "train.input0") + ": 3 sents, 12 tokens, 16.7% replaced (by <unk>)" in (

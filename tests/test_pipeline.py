@@ -611,7 +611,11 @@ def test_the_sizes_train_sh_reads_are_the_architectures_the_plugin_registers():
             if name.startswith(f"{prefix}_wmt_en_fr") or name == f"{prefix}_tiny":
                 args = argparse_module.Namespace()
                 ARCH_CONFIG_REGISTRY[name](args)
-                size = "tiny" if name.endswith("_tiny") else f"{args.encoder_layers}-{args.decoder_layers}"
+                size = (
+                    "tiny"
+                    if name.endswith("_tiny")
+                    else f"{args.encoder_layers}-{args.decoder_layers}"
+                )
                 registered[size] = (name, args.init_type, args.encoder_layers, args.decoder_layers)
         assert list(registered) == ["tiny", "6-6", "18-18", "60-12"], variant
         read = {size: (name, values["init_type"], values["encoder_layers"], values["decoder_layers"])
