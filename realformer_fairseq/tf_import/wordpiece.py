@@ -40,6 +40,7 @@ vocabularies; the cased ones have thousands). A checkpoint written before
 still means uncased.
 """
 
+import contextlib
 import dataclasses
 from typing import Iterable, List, Optional, Sequence
 
@@ -48,13 +49,13 @@ from fairseq.data import Dictionary
 from fairseq.data.encoders import register_bpe
 from fairseq.dataclass import FairseqDataclass
 
+from realformer_pipelines import wordpiece as _plain
 from realformer_pipelines.wordpiece import (  # noqa: F401  (this module's names, as before)
     CONTINUATION_PREFIX,
     FAIRSEQ_BUILTINS,
     MAX_INPUT_CHARS_PER_WORD,
     SPECIAL_TOKENS,
     BertTextTokenizer,
-    WordPieceError,
     check_vocabulary,
     cli_main,
     decode_pieces,
@@ -67,6 +68,25 @@ from realformer_pipelines.wordpiece import (  # noqa: F401  (this module's names
     tokens_look_uncased,
     wordpiece_lowercase,
 )
+
+from ..errors import RealformerConfigError
+
+
+class WordPieceError(RealformerConfigError, _plain.WordPieceError):
+    """A vocabulary the plugin cannot use (the message is one line): the plugin's error type
+    (what fairseq's commands turn into one line), and the WordPiece error of the
+    fairseq-free tokenizer, which this module's classes raise as this one."""
+
+
+@contextlib.contextmanager
+def plugin_error():
+    """The fairseq-free tokenizer's WordPieceError, raised as the plugin's."""
+    try:
+        yield
+    except _plain.WordPieceError as err:
+        if isinstance(err, WordPieceError):
+            raise
+        raise WordPieceError(str(err)) from None
 
 
 def fairseq_ids_of_bert_vocab(dictionary, vocab_tokens: Sequence[str]) -> np.ndarray:
@@ -103,10 +123,12 @@ class WordPieceVocabulary:
 
     @classmethod
     def from_file(cls, path: str) -> "WordPieceVocabulary":
-        return cls(read_vocab_file(path), source=path)
+        with plugin_error():
+            return cls(read_vocab_file(path), source=path)
 
     def _check(self):
-        check_vocabulary(self.tokens, self.source)
+        with plugin_error():
+            check_vocabulary(self.tokens, self.source)
 
     def __len__(self):
         return len(self.tokens)
@@ -163,8 +185,9 @@ class WordPieceBPE:
     def __init__(self, cfg):
         if not cfg.wordpiece_vocab:
             raise WordPieceError("--bpe wordpiece needs --wordpiece-vocab vocab.txt")
-        self.vocab_tokens = read_vocab_file(cfg.wordpiece_vocab)  # BERT id order
-        lowercase, _ = wordpiece_lowercase(cfg, self.vocab_tokens)
+        with plugin_error():
+            self.vocab_tokens = read_vocab_file(cfg.wordpiece_vocab)  # BERT id order
+            lowercase, _ = wordpiece_lowercase(cfg, self.vocab_tokens)
         self.tokenizer = BertTextTokenizer(self.vocab_tokens, lowercase=lowercase)
 
     def encode(self, x: str) -> str:
