@@ -13,6 +13,7 @@ import shlex
 from typing import List, Tuple
 
 from .errors import InputError
+from .startup import heavy_imports
 
 # fairseq_cli/preprocess.py's logging.basicConfig format
 FAIRSEQ_LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
@@ -44,8 +45,9 @@ def run_preprocess_commands(commands: List[Tuple[str, List[str]]]) -> None:
     # handler on the root logger first keeps its lines out of this process's stdout
     guard = logging.NullHandler()
     root.addHandler(guard)
-    from fairseq import options
-    from fairseq_cli import preprocess as fairseq_cli_preprocess
+    with heavy_imports():
+        from fairseq import options
+        from fairseq_cli import preprocess as fairseq_cli_preprocess
 
     level = root.level
     root.setLevel(logging.INFO)

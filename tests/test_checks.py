@@ -178,3 +178,32 @@ def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
         f"realformer_pipelines: error: fairseq-preprocess failed (FileNotFoundError), see {tmp_path / 'log.bad'}"
     ], proc.stderr
     assert "Traceback" in (tmp_path / "log.bad").read_text(encoding="utf-8")
+
+
+def test_console_commands_freeze_their_imports_and_python_code_is_left_alone():
+    """startup.py: a console command (exit_with_one_line) pauses the collector while fairseq
+    loads and freezes what it loaded; the same import from Python code changes nothing of the
+    collector."""
+    import subprocess
+    import sys
+
+    probe = """
+import gc, sys
+from realformer_pipelines.errors import exit_with_one_line
+from realformer_pipelines.startup import heavy_imports
+with heavy_imports():
+    import json
+print(gc.get_freeze_count() == 0, gc.isenabled())
+@exit_with_one_line("probe")
+def main():
+    seen = []
+    with heavy_imports():
+        seen.append(gc.isenabled())
+        import fairseq
+    print(seen[0], gc.isenabled(), gc.get_freeze_count() > 100000, "fairseq" in sys.modules)
+main()
+"""
+    proc = subprocess.run([sys.executable, "-c", probe], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n") == ["True True", "False True True True", ""]
