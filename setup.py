@@ -64,17 +64,30 @@ setup(
         "glue": ["scikit-learn>=1.0", "scipy>=1.7"],
         # the tests draw the figures of realformer-attention-stats and score examples/glue too
         # pytest-xdist: the suite runs on every core (pyproject.toml's addopts: -n auto)
-        "test": ["pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3.5", "filelock>=3.0",
-                 "matplotlib>=3.5", "scikit-learn>=1.0", "scipy>=1.7"],
-        "dev": ["black", "isort", "pytest>=7", "pytest-timeout>=2", "pytest-xdist>=3.5",
-                "filelock>=3.0"],
+        "test": [
+            "pytest>=7",
+            "pytest-timeout>=2",
+            "pytest-xdist>=3.5",
+            "filelock>=3.0",
+            "matplotlib>=3.5",
+            "scikit-learn>=1.0",
+            "scipy>=1.7",
+        ],
+        "dev": [
+            "black",
+            "isort",
+            "pytest>=7",
+            "pytest-timeout>=2",
+            "pytest-xdist>=3.5",
+            "filelock>=3.0",
+        ],
     },
     entry_points={
         "console_scripts": [
             "realformer-average-checkpoints=realformer_fairseq.cli.average_checkpoints:cli_main",
             "realformer-attention-stats=realformer_fairseq.cli.attention_stats:cli_main",
             "realformer-import-tf=realformer_fairseq.cli.import_tf:cli_main",
-            "realformer-wordpiece=realformer_fairseq.tf_import.wordpiece:cli_main",
+            "realformer-wordpiece=realformer_pipelines.wordpiece:cli_main",
             "realformer-squad=realformer_fairseq.cli.squad:cli_main",
             "realformer-squad-eval=realformer_fairseq.cli.squad_eval:cli_main",
         ]

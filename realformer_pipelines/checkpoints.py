@@ -8,6 +8,7 @@ import os
 from typing import List, Optional, Sequence, Tuple
 
 from .errors import InputError
+from .startup import heavy_imports
 
 
 def load_checkpoint(path: str, arg_overrides: Optional[dict] = None) -> dict:
@@ -19,9 +20,10 @@ def load_checkpoint(path: str, arg_overrides: Optional[dict] = None) -> dict:
 
     # importing fairseq logs "Please install tensorboardX" (its speech task) at INFO
     logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
-    from fairseq import checkpoint_utils
+    with heavy_imports():
+        from fairseq import checkpoint_utils
 
-    import realformer_fairseq  # noqa: F401  (registers the models; safe torch.load of checkpoints)
+        import realformer_fairseq  # noqa: F401  (registers the models; safe torch.load)
 
     try:
         return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)

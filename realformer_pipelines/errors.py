@@ -35,6 +35,9 @@ def exit_with_one_line(prog: str):
     def decorate(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
+            from .startup import mark_console_command
+
+            mark_console_command()  # its heavy imports without GC scans (startup.py)
             try:
                 return fn(*args, **kwargs)
             except BrokenPipeError:  # the reader went away (| head): no error line to write

@@ -8,8 +8,9 @@ library modules. Bad input is one line ``PIPELINE: error: ...`` (the pipeline's 
 Subcommands: ``check`` (files present, non-empty, UTF-8, equal line counts; prints the count),
 ``tokenize`` / ``detokenize`` (Moses, equal to the perl scripts), ``tokenizer-version``,
 ``learn-bpe`` / ``apply-bpe`` (subword-nmt), ``spm-train`` / ``spm-encode`` (sentencepiece),
-``lowercase``, ``model-info`` (what a model knows, as bash assignments) and ``model-flags`` (the
-model flags of a pre-trained checkpoint, as bash assignments).
+``lowercase``, ``model-info`` (what a model knows, as bash assignments), ``model-flags`` (the
+model flags of a pre-trained checkpoint, as bash assignments) and ``preprocess-commands``
+(several fairseq-preprocess commands in one process).
 """
 
 import argparse
@@ -114,6 +115,14 @@ def cmd_model_flags(args):
     print(info.shell())
 
 
+def cmd_preprocess_commands(args):
+    """Each fairseq-preprocess command of the file (``LOG_FILE fairseq-preprocess ARGS...`` a
+    line) in this one process (:mod:`realformer_pipelines.binarize`)."""
+    from .binarize import read_commands, run_preprocess_commands
+
+    run_preprocess_commands(read_commands(args.commands))
+
+
 def get_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=pipeline_name(), description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -192,6 +201,12 @@ def get_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--data-bin", default="", help="stop unless it was prepared for the model")
     s.set_defaults(fn=cmd_model_flags)
+
+    s = sub.add_parser(
+        "preprocess-commands", help="several fairseq-preprocess commands in one process"
+    )
+    s.add_argument("commands", help="a file: LOG_FILE fairseq-preprocess ARGS... a line")
+    s.set_defaults(fn=cmd_preprocess_commands)
     return p
 
 

@@ -15,7 +15,7 @@ max_update="${2:-800}"
 shared="${REALFORMER_SHARED_DATA:-$root/../shared/data/enfr}"
 venv_bin="${VENV_BIN:-$root/.venv/bin}"
 export PATH="$venv_bin:$PATH" OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
-user_dir="$(python -c 'import os, realformer_fairseq; print(os.path.dirname(realformer_fairseq.__file__))')"
+user_dir="$root/realformer_fairseq" # the plugin (install.sh installs this folder editable)
 
 [[ -f "$shared/multi30k/train.en" ]] || { echo "quickstart: error: $shared/multi30k/train.en not found (set REALFORMER_SHARED_DATA)" >&2; exit 1; }
 mkdir -p "$work"

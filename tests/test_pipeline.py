@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
-from harness import REPO_ROOT, SHARED_DATA, shared_data
+from harness import REPO_ROOT, SHARED_DATA, pipeline_module, shared_data
 
 EXAMPLE = REPO_ROOT / "examples" / "wmt14_en_fr"
 STAGES = ["check_local", "raw", "tokenize", "learn_bpe", "apply_bpe", "clean", "binarize"]
@@ -590,6 +590,48 @@ def test_dry_run_every_plugin_size_and_overrides():
         "wmt14_en_fr: error: --size must be one of tiny, 6-6, 18-18, 60-12 (the plugin's admin "
         "architectures), got '7-7'"
     ], proc.stderr
+
+
+def test_the_sizes_train_sh_reads_are_the_architectures_the_plugin_registers():
+    """recipes.py reads the plugin's translation table from its file (no fairseq import): the
+    same architectures, layers and --init-type as fairseq's registry holds after importing the
+    plugin, for every variant; and reading it imports neither fairseq nor torch."""
+    import argparse as argparse_module
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
+
+    import realformer_fairseq  # noqa: F401
+
+    recipes = pipeline_module("wmt14_en_fr", "recipes")
+    expected_prefix = {"realformer": "realformer", "admin": "admin_transformer",
+                       "postln": "postln_transformer", "preln": "preln_transformer"}  # fmt: skip
+    for variant, prefix in expected_prefix.items():
+        registered = {}
+        for name in sorted(ARCH_MODEL_REGISTRY):
+            if name.startswith(f"{prefix}_wmt_en_fr") or name == f"{prefix}_tiny":
+                args = argparse_module.Namespace()
+                ARCH_CONFIG_REGISTRY[name](args)
+                size = (
+                    "tiny"
+                    if name.endswith("_tiny")
+                    else f"{args.encoder_layers}-{args.decoder_layers}"
+                )
+                registered[size] = (name, args.init_type, args.encoder_layers, args.decoder_layers)
+        assert list(registered) == ["tiny", "6-6", "18-18", "60-12"], variant
+        read = {size: (name, values["init_type"], values["encoder_layers"], values["decoder_layers"])
+                for size, (name, values) in recipes.plugin_sizes(variant).items()}  # fmt: skip
+        assert read == registered, variant
+    assert registered["60-12"] == ("preln_transformer_wmt_en_fr_60_12", "default", 60, 12)
+    probe = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "examples" / "wmt14_en_fr" / "recipes.py"), "shell",
+         "--recipe", "realformer", "--variant", "realformer", "--size", "60-12"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=dict(os.environ, PYTHONPROFILEIMPORTTIME="1"),
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr
+    assert "ARCH=realformer_wmt_en_fr_60_12\nINIT_TYPE=admin\n" in probe.stdout
+    imported = {line.split("|")[-1].strip() for line in probe.stderr.splitlines()}
+    assert "fairseq" not in imported and "torch" not in imported
 
 
 @pytest.mark.parametrize(

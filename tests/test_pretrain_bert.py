@@ -451,12 +451,15 @@ E2E_SEQ_LEN = 24  # about one caption an instance: position and context matter e
 E2E_MARGIN = 3.0
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory):
+# the run of the default tests, which check what the scripts write, not what the model learns:
+# the same data and model, QUICK_UPDATES updates with a checkpoint every QUICK_INTERVAL
+QUICK_UPDATES, QUICK_INTERVAL = 30, 10
+
+
+def pretrain_and_evaluate(root: Path, updates: int, interval: int):
     """prepare.sh on Multi30k English (150 pseudo-documents of 20 captions), pretrain.sh of a tiny
-    RealFormer BERT for E2E_UPDATES updates and of a Post-LN one for 10 (another seed), then one
-    evaluate.sh over both save dirs: all through the scripts."""
-    root = tmp_path_factory.mktemp("pretrain_bert")
+    RealFormer BERT for ``updates`` updates (a checkpoint every ``interval``) and of a Post-LN one
+    for 10 (another seed), then one evaluate.sh over both save dirs: all through the scripts."""
     captions = shared_data("multi30k", "train.en").read_text(encoding="utf-8").splitlines()[:3000]
     docs = ["\n".join(captions[i : i + 20]) for i in range(0, len(captions), 20)]
     corpus = root / "corpus.txt"
@@ -464,11 +467,11 @@ def pretrained(tmp_path_factory):
     script("prepare.sh", "--corpus", corpus, "--work-dir", root / "work", "--vocab-size", 1000,
            "--unused", 0, "--max-seq-len", E2E_SEQ_LEN, "--valid-docs", 20)  # fmt: skip
     data_bin = root / "work" / "data-bin"
-    for variant, updates, seed in (("realformer", E2E_UPDATES, 1), ("postln", 10, 2)):
+    for variant, n, seed in (("realformer", updates, 1), ("postln", 10, 2)):
         script("pretrain.sh", "--variant", variant, "--size", "tiny", "--data-bin", data_bin,
                "--save-dir", root / variant, "--cpu", "--batch-size", 32, "--update-freq", 1,
-               "--max-update", updates, "--warmup", max(1, updates // 10), "--seed", seed, "--",
-               "--lr", "0.005", "--save-interval-updates", 100, "--num-workers", 0)  # fmt: skip
+               "--max-update", n, "--warmup", max(1, n // 10), "--seed", seed, "--",
+               "--lr", "0.005", "--save-interval-updates", interval, "--num-workers", 0)  # fmt: skip
     proc = script("evaluate.sh", "--data-bin", data_bin, "--checkpoint-dir", root / "realformer",
                   root / "postln", "--label", "RealFormer", "Post-LN", "--out-dir", root / "eval",
                   "--cpu")  # fmt: skip
@@ -476,24 +479,34 @@ def pretrained(tmp_path_factory):
     return data_bin, proc, report
 
 
-def test_end_to_end_accuracy_above_baseline(pretrained):
-    """A tiny RealFormer BERT pre-trained by the scripts beats the frequency baseline on held-out
-    documents by E2E_MARGIN points (see E2E_MARGIN for the measurement); one line per checkpoint,
-    sorted by update; the JSON, the plot and the next commands."""
-    data_bin, proc, report = pretrained
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    """The quick run (QUICK_UPDATES): every default test of the scripts."""
+    root = tmp_path_factory.mktemp("pretrain_bert")
+    return pretrain_and_evaluate(root, QUICK_UPDATES, QUICK_INTERVAL)
+
+
+@pytest.fixture(scope="module")
+def pretrained_for_accuracy(tmp_path_factory):
+    """The accuracy run (E2E_UPDATES, a checkpoint every 100 updates)."""
+    root = tmp_path_factory.mktemp("pretrain_bert_300")
+    return pretrain_and_evaluate(root, E2E_UPDATES, 100)
+
+
+def check_evaluate_output(data_bin, proc, report, updates: int):
+    """evaluate.sh's lines (one per checkpoint, sorted by update), the JSON, the frequency
+    baseline, the plot and the next commands for GLUE and SQuAD; returns the RealFormer run's
+    checkpoints."""
     realformer, postln = report["runs"]
     assert (realformer["label"], postln["label"]) == ("RealFormer", "Post-LN")
     lines = [x for x in proc.stdout.splitlines() if "masked-token accuracy" in x]
     checkpoints = realformer["checkpoints"]
     assert len(lines) == len(checkpoints) + len(postln["checkpoints"]) and len(checkpoints) >= 3
-    updates = [c["update"] for c in checkpoints]
-    assert updates == sorted(updates) and updates[-1] == E2E_UPDATES
+    run_updates = [c["update"] for c in checkpoints]
+    assert run_updates == sorted(run_updates) and run_updates[-1] == updates
     baseline = report["frequency_baseline"]
     assert baseline["piece"] == "a" and 8.0 < baseline["accuracy"] < 14.0
-    final = checkpoints[-1]["accuracy"]
-    assert final > baseline["accuracy"] + E2E_MARGIN, (final, baseline)
-    assert f"{final:.2f} %" in proc.stdout
-    assert report["best"]["checkpoint"] == checkpoints[-1]["checkpoint"]
+    assert f"{checkpoints[-1]['accuracy']:.2f} %" in proc.stdout
     best = report["best"]["checkpoint"]
     for pipeline in ("glue", "squad"):  # the model alone tells them its tokenizer and casing
         assert f"bash examples/{pipeline}/prepare.sh" in proc.stdout
@@ -501,6 +514,26 @@ def test_end_to_end_accuracy_above_baseline(pretrained):
         assert f"--model {best}" in prepare and "--wordpiece-vocab" not in prepare
         assert f"examples/{pipeline}/finetune.sh" in proc.stdout
     assert (data_bin.parent.parent / "eval" / "mlm_accuracy.png").stat().st_size > 1000
+    return checkpoints
+
+
+def test_end_to_end_writes_every_checkpoints_line_the_json_plot_and_next_commands(pretrained):
+    """The quick run through the three scripts: what evaluate.sh writes and prints (the accuracy
+    the model reaches is the slow test's)."""
+    check_evaluate_output(*pretrained, QUICK_UPDATES)
+
+
+@pytest.mark.slow
+def test_end_to_end_accuracy_above_baseline(pretrained_for_accuracy):
+    """A tiny RealFormer BERT pre-trained by the scripts beats the frequency baseline on held-out
+    documents by E2E_MARGIN points (see E2E_MARGIN for the measurement), and its last checkpoint
+    is the best; plus everything the quick run checks."""
+    data_bin, proc, report = pretrained_for_accuracy
+    checkpoints = check_evaluate_output(data_bin, proc, report, E2E_UPDATES)
+    final = checkpoints[-1]["accuracy"]
+    baseline = report["frequency_baseline"]
+    assert final > baseline["accuracy"] + E2E_MARGIN, (final, baseline)
+    assert report["best"]["checkpoint"] == checkpoints[-1]["checkpoint"]
 
 
 def test_same_masked_positions_for_every_checkpoint_and_variant(pretrained):

@@ -495,7 +495,7 @@ def check_tf_finetune(block, layout, **_):
     parser (realformer-wordpiece's, fairseq's preprocessing and training parsers)."""
     from fairseq import options
 
-    from realformer_fairseq.tf_import import wordpiece
+    from realformer_pipelines import wordpiece
 
     check_tf_import(tf_import_block(), layout)
     model_args = (layout / "realformer_base_fs" / "model_args.txt").read_text(encoding="utf-8")

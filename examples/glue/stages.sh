@@ -88,8 +88,9 @@ files() {
     echo "${out[*]}"
 }
 
-# preprocess NAME DICT DIR EXT: fairseq-preprocess --only-source of DIR/{subset}.EXT with DICT
-# into $TMP_DEST/NAME (subsets train, valid[1], test[1,2]); the <unk> rate of each is logged
+# preprocess NAME DICT DIR EXT: the fairseq-preprocess --only-source command of DIR/{subset}.EXT
+# with DICT into $TMP_DEST/NAME (subsets train, valid[1], test[1,2]), added to
+# $WORK/preprocess.commands (run_preprocess runs them)
 preprocess() {
     local name=$1 dict=$2 dir=$3 ext=$4 valid test args
     valid="$(files "$dir" valid "$ext")"
@@ -97,13 +98,24 @@ preprocess() {
     args=(--trainpref "$dir/train.$ext")
     [[ -n "$valid" ]] && args+=(--validpref "$valid")
     [[ -n "$test" ]] && args+=(--testpref "$test")
-    "$(bin_of fairseq-preprocess)" --only-source --srcdict "$dict" "${args[@]}" \
-        --destdir "$TMP_DEST/$name" --workers "$WORKERS" >"$WORK/preprocess.$name.log" 2>&1 ||
-        die "fairseq-preprocess failed, see $WORK/preprocess.$name.log"
-    local line
-    while read -r line; do
-        log "$name: ${line#*\[None\] }"
-    done < <(grep -h 'replaced (by <unk>)' "$WORK/preprocess.$name.log" || true)
+    printf '%q ' "$WORK/preprocess.$name.log" fairseq-preprocess --only-source --srcdict "$dict" \
+        "${args[@]}" --destdir "$TMP_DEST/$name" --workers "$WORKERS" >>"$WORK/preprocess.commands"
+    echo >>"$WORK/preprocess.commands"
+}
+
+# run_preprocess: the commands of $WORK/preprocess.commands in one process (fairseq's own
+# fairseq-preprocess code, imported once: tools preprocess-commands); each one's log is
+# $WORK/preprocess.NAME.log, and the <unk> rate of each subset is logged
+run_preprocess() {
+    tools preprocess-commands "$WORK/preprocess.commands" || exit 1
+    local log_file name line
+    for log_file in "$WORK"/preprocess.*.log; do
+        name=${log_file##*/preprocess.}
+        name=${name%.log}
+        while read -r line; do
+            log "$name: ${line#*\[None\] }"
+        done < <(grep -h 'replaced (by <unk>)' "$log_file" || true)
+    done
 }
 
 # stage_binarize: fairseq's sentence_prediction layout in $DEST (built in $DEST.tmp, then
@@ -114,6 +126,7 @@ stage_binarize() {
     TMP_DEST="$DEST.tmp"
     rm -rf "$TMP_DEST"
     mkdir -p "$TMP_DEST/glue" "$(dirname "$DEST")"
+    rm -f "$WORK/preprocess.commands" "$WORK"/preprocess.*.log
     local input
     for input in input0 input1; do
         [[ -f "$WORK/tok/train.$input" ]] || continue
@@ -133,6 +146,7 @@ stage_binarize() {
         glue_tools label-dict --task "$TASK" --out "$WORK/label.dict.txt" || exit 1
         preprocess label "$WORK/label.dict.txt" "$WORK/split" label
     fi
+    run_preprocess
     cp "$WORK/split/"*.index "$WORK/split/"*.label "$WORK/split/split.json" "$TMP_DEST/glue/"
     if [[ $TOKENIZER == subword-nmt ]]; then
         cp "$BPE_CODES" "$TMP_DEST/bpecodes"

@@ -36,6 +36,7 @@ from realformer_pipelines.errors import run_cli
 from realformer_pipelines.files import atomic_output
 from realformer_pipelines.files import write_json_atomic as write_json
 from realformer_pipelines.log import log
+from realformer_pipelines.startup import heavy_imports
 
 
 def read_prepare_json(data_bin: str) -> Dict:
@@ -250,9 +251,10 @@ def plot_curves(report: Dict, png: str):
 
 
 def cmd_evaluate(args):
-    import torch
+    with heavy_imports():
+        import torch
 
-    from realformer_fairseq.pretraining import mlm_eval
+        from realformer_fairseq.pretraining import mlm_eval
 
     torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS", "1") or 1)))
     info = read_prepare_json(args.data_bin)

@@ -15,8 +15,8 @@ Two recipes, ``--recipe`` of both scripts:
   the reference. Today the two recipes have the same values.
 
 Every value carries its source (a file and line of the reference, or a place in the paper).
-Sizes and architectures are not copied here: they are asked from the plugin's registered
-architectures (``{variant}_wmt_en_fr*`` and ``{variant}_tiny``).
+Sizes and architectures are not copied here: they are read from the plugin's translation
+table (``{variant}_wmt_en_fr*`` and ``{variant}_tiny``, the architectures it registers).
 
 Subcommands (used by the scripts): ``shell`` prints bash assignments for ``train.sh`` /
 ``evaluate.sh``; ``average-inputs`` lists the epoch checkpoints the recipe averages;
@@ -24,6 +24,7 @@ Subcommands (used by the scripts): ``shell`` prints bash assignments for ``train
 """
 
 import argparse
+import importlib.util
 import os
 import re
 import shlex
@@ -33,6 +34,7 @@ from typing import Dict, List, Optional, Tuple
 from realformer_pipelines.errors import InputError, run_cli
 
 PROG = "wmt14_en_fr"
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MD = "Transformer-Clinic nmt-experiments/wmt14_en-fr.md"
 EVAL = "Transformer-Clinic nmt-experiments/eval_wmt_en-fr.sh"
 NOT_IN_PAPER = "not stated in the paper; "
@@ -126,24 +128,37 @@ VARIANT_PREFIX = {
 
 
 def plugin_sizes(variant: str) -> Dict[str, Tuple[str, dict]]:
-    """size ("E-D" layers, or "tiny") -> (arch name, arch defaults), asked from the
-    architectures the plugin registers in fairseq (``{prefix}_wmt_en_fr*``, ``{prefix}_tiny``)."""
+    """size ("E-D" layers, or "tiny") -> (arch name, arch defaults that train.sh reads), from
+    the plugin's translation table (its ``{prefix}_wmt_en_fr*`` and ``{prefix}_tiny``
+    entries), read from its file without importing fairseq; tests/test_pipeline.py checks
+    that these are the architectures the plugin registers in fairseq, with these values."""
     if variant not in VARIANT_PREFIX:
         raise InputError(f"--variant must be one of {', '.join(VARIANT_PREFIX)}, got '{variant}'")
-    from fairseq.models import ARCH_CONFIG_REGISTRY, ARCH_MODEL_REGISTRY
-
-    import realformer_fairseq  # noqa: F401  (registers the architectures)
-
+    table = translation_table()
     prefix = VARIANT_PREFIX[variant]
     sizes = {}
-    for name in sorted(ARCH_MODEL_REGISTRY):
-        if not (name.startswith(f"{prefix}_wmt_en_fr") or name == f"{prefix}_tiny"):
+    for size_name in table.TRANSLATION_SIZES:
+        if not (size_name.startswith("wmt_en_fr") or size_name == "tiny"):
             continue
-        args = argparse.Namespace()
-        ARCH_CONFIG_REGISTRY[name](args)
-        size = "tiny" if name.endswith("_tiny") else f"{args.encoder_layers}-{args.decoder_layers}"
-        sizes[size] = (name, vars(args))
-    return sizes
+        name = table.arch_name(prefix, size_name)
+        # the arch's precedence (models/architectures.py): variant, then size, then base
+        values = {**table.TRANSLATION_BASE, **table.TRANSLATION_SIZES[size_name],
+                  **table.TRANSLATION_VARIANTS[prefix]}  # fmt: skip
+        layers = f"{values['encoder_layers']}-{values['decoder_layers']}"
+        sizes["tiny" if size_name == "tiny" else layers] = (name, values)
+    return dict(sorted(sizes.items(), key=lambda item: item[1][0]))
+
+
+def translation_table():
+    """realformer_fairseq/models/translation_table.py of this clone (the --user-dir that
+    train.sh passes), executed from its file: importing it as part of the package would import
+    fairseq first."""
+    path = os.path.join(REPO_ROOT, "realformer_fairseq", "models", "translation_table.py")
+    spec = importlib.util.spec_from_file_location("realformer_translation_table", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while defining a class
+    spec.loader.exec_module(module)
+    return module
 
 
 # ---------------------------------------------------------------- subcommands

@@ -122,7 +122,7 @@ def cmd_features(args):
     vocab = WordPieceVocabulary.from_file(args.vocab)
     if not os.path.isfile(dict_path):
         raise SquadDataError(f"{dict_path}: missing (the model's fairseq dictionary; --dict)")
-    lowercase = resolve_lowercase(vocab, cased=args.cased, uncased=args.uncased)
+    lowercase = resolve_lowercase(vocab.tokens, cased=args.cased, uncased=args.uncased)
     tokenizer = BertTextTokenizer(vocab.tokens, lowercase)
     dictionary = Dictionary.load(dict_path)
     record = {

@@ -20,6 +20,9 @@ base. A family may give a size its own fairseq base function (``size_fairseq_bas
 LM's ``gpt2_small`` mirrors fairseq's ``transformer_lm_gpt2_small``). ``residual_attention_mode`` in ``base`` is the default only where some chain is
 residual. A value ``SameAs("key")`` takes the (already resolved) value of another key.
 
+The translation family's entries are in :mod:`.translation_table` (a module that imports
+nothing, which the WMT'14 pipeline reads without importing fairseq); the others are below.
+
 To add a family (as the decoder-only LM, ``realformer_lm*``, was), add an entry to
 ``FAMILIES`` and call ``register_family_base_architecture("<model name>")`` and
 ``register_family_architectures("<model name>")`` in the model's module after its
@@ -37,14 +40,13 @@ from fairseq.models.transformer_align import transformer_align as transformer_al
 from fairseq.models.transformer_lm import base_lm_architecture, transformer_lm_gpt2_small
 
 from ..settings import FLAG_KEYS
-
-
-@dataclasses.dataclass(frozen=True)
-class SameAs:
-    """A default that copies another key's resolved value (e.g. the decoder's width
-    follows ``--encoder-embed-dim``)."""
-
-    key: str
+from .translation_table import (
+    TRANSLATION_BASE,
+    TRANSLATION_SIZES,
+    TRANSLATION_VARIANTS,
+    SameAs,
+    arch_name,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,65 +73,12 @@ def keep_normalize_before(fairseq_arch: Callable) -> Callable:
     return architecture
 
 
-# The paper's NMT width (Post-LN, shared embeddings, dropout 0.1); decoder as encoder.
-_NMT_WIDTH = {
-    "encoder_embed_dim": 512,
-    "encoder_ffn_embed_dim": 2048,
-    "encoder_attention_heads": 8,
-    "decoder_embed_dim": SameAs("encoder_embed_dim"),
-    "decoder_ffn_embed_dim": SameAs("encoder_ffn_embed_dim"),
-    "decoder_attention_heads": 8,
-    "encoder_normalize_before": False,
-    "decoder_normalize_before": False,
-    "share_all_embeddings": True,
-    "dropout": 0.1,
-}
-
-# encoder-decoder translation (model: realformer_transformer)
-_TRANSLATION_BASE = {
-    "residual_attention": "all",
-    # Google's realformer.py: the running mean "is found to be helpful for deep
-    # RealFormer models with 30+ layers" (the 60L-12L); its own default is the sum
-    "residual_attention_mode": "mean",
-    "init_type": "admin",
-    "admin_profile_out": None,
-    "admin_allow_pre_ln": False,
-}
-_TRANSLATION_SIZES = {
-    "wmt_en_fr": {**_NMT_WIDTH, "encoder_layers": 6, "decoder_layers": 6},
-    "wmt_en_fr_18_18": {**_NMT_WIDTH, "encoder_layers": 18, "decoder_layers": 18},
-    "wmt_en_fr_60_12": {**_NMT_WIDTH, "encoder_layers": 60, "decoder_layers": 12},
-    "tiny": {
-        "encoder_embed_dim": 64,
-        "encoder_ffn_embed_dim": 128,
-        "encoder_attention_heads": 2,
-        "decoder_embed_dim": SameAs("encoder_embed_dim"),
-        "decoder_ffn_embed_dim": SameAs("encoder_ffn_embed_dim"),
-        "decoder_attention_heads": 2,
-        "encoder_layers": 2,
-        "decoder_layers": 2,
-    },
-}
-_TRANSLATION_VARIANTS = {
-    # the paper's system: RealFormer (running mean, all three chains) + ADMIN
-    "realformer": {"residual_attention": "all", "init_type": "admin"},
-    # baselines at the same sizes
-    "admin_transformer": {"residual_attention": "none", "init_type": "admin"},
-    "postln_transformer": {"residual_attention": "none", "init_type": "default"},
-    "preln_transformer": {
-        "residual_attention": "none",
-        "init_type": "default",
-        "encoder_normalize_before": True,
-        "decoder_normalize_before": True,
-    },
-}
-
 FAMILIES: Dict[str, Family] = {
     "realformer_transformer": Family(
-        base=_TRANSLATION_BASE,
+        base=TRANSLATION_BASE,
         fairseq_base=transformer_base_architecture,
-        sizes=_TRANSLATION_SIZES,
-        variants=_TRANSLATION_VARIANTS,
+        sizes=TRANSLATION_SIZES,
+        variants=TRANSLATION_VARIANTS,
     ),
     # the same with alignment supervision (Garg et al. 2019), as fairseq's transformer_align
     # (model: realformer_transformer_align): fairseq's defaults (one head of layer 4,
@@ -137,17 +86,17 @@ FAMILIES: Dict[str, Family] = {
     # first (of two) layer, the penultimate one as layer 4 is of fairseq's six
     "realformer_transformer_align": Family(
         base={
-            **_TRANSLATION_BASE,
+            **TRANSLATION_BASE,
             "alignment_heads": 1,
             "alignment_layer": 4,
             "full_context_alignment": False,
         },
         fairseq_base=transformer_align_architecture,
         sizes={
-            **_TRANSLATION_SIZES,
-            "tiny": {**_TRANSLATION_SIZES["tiny"], "alignment_layer": 0},
+            **TRANSLATION_SIZES,
+            "tiny": {**TRANSLATION_SIZES["tiny"], "alignment_layer": 0},
         },
-        variants={f"{name}_align": flags for name, flags in _TRANSLATION_VARIANTS.items()},
+        variants={f"{name}_align": flags for name, flags in TRANSLATION_VARIANTS.items()},
     ),
     # encoder-only masked LM / sentence prediction (model: realformer_roberta)
     "realformer_roberta": Family(
@@ -313,11 +262,6 @@ def make_architecture(family_name: str, variant: str, size: str) -> Callable:
 
     architecture.__name__ = f"{arch_name(variant, size)}_architecture"
     return architecture
-
-
-def arch_name(variant: str, size: str) -> str:
-    """``{variant}_{size}``; ``{variant}`` for the size ``""``."""
-    return f"{variant}_{size}" if size else variant
 
 
 def architecture_names(family_name: str):

@@ -662,7 +662,7 @@ def convert_checkpoint(
             f"{vocab_file} has {len(vocab)} tokens, {bert_config} says vocab_size "
             f"{config.vocab_size}"
         )
-    lowercase = resolve_lowercase(vocab, cased=cased, uncased=uncased)
+    lowercase = resolve_lowercase(vocab.tokens, cased=cased, uncased=uncased)
     bundle = read_bundle(tf_checkpoint)
     plan = plan_variables(bundle, config, skip_patterns)
     for name, rule in plan.skipped.items():

@@ -27,6 +27,10 @@ characters, as in Google's code). Special tokens in the text are not special (``
 * ``realformer-wordpiece (--model MODEL | --vocab vocab.txt) [--cased | --uncased] --inputs
   a.txt --outputs a.wp``: the same for files, one line in, one line out.
 
+The parts that need no fairseq (the tokenizer, the vocabulary checks, the casing rule and the
+``realformer-wordpiece`` command) are :mod:`realformer_pipelines.wordpiece`, imported here under
+the same names: the command then starts without importing fairseq (3 CPU seconds a file).
+
 Casing (:func:`resolve_lowercase`, the one rule): an explicit choice (``--cased`` /
 ``--uncased``, ``--wordpiece-cased`` / ``--wordpiece-uncased``), else what the model says (the
 ``--bpe wordpiece`` settings ``realformer-import-tf`` stores in ``model.pt``), else the
@@ -36,52 +40,53 @@ vocabularies; the cased ones have thousands). A checkpoint written before
 still means uncased.
 """
 
-import argparse
+import contextlib
 import dataclasses
-import logging
-import sys
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence
 
 import numpy as np
 from fairseq.data import Dictionary
 from fairseq.data.encoders import register_bpe
 from fairseq.dataclass import FairseqDataclass
 
-from ..errors import RealformerConfigError, exit_with_one_line
+from realformer_pipelines import wordpiece as _plain
+from realformer_pipelines.wordpiece import (  # noqa: F401  (this module's names, as before)
+    CONTINUATION_PREFIX,
+    FAIRSEQ_BUILTINS,
+    MAX_INPUT_CHARS_PER_WORD,
+    SPECIAL_TOKENS,
+    BertTextTokenizer,
+    check_vocabulary,
+    cli_main,
+    decode_pieces,
+    encode_text,
+    fairseq_symbol,
+    lowercase_of_vocabulary,
+    model_wordpiece,
+    read_vocab_file,
+    resolve_lowercase,
+    tokens_look_uncased,
+    wordpiece_lowercase,
+)
 
-logger = logging.getLogger(__name__)
-
-# BERT special token -> fairseq symbol
-SPECIAL_TOKENS = {
-    "[CLS]": "<s>",
-    "[PAD]": "<pad>",
-    "[SEP]": "</s>",
-    "[UNK]": "<unk>",
-    "[MASK]": "<mask>",
-}
-FAIRSEQ_BUILTINS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0-3 of every fairseq Dictionary
-MAX_INPUT_CHARS_PER_WORD = 200  # google-research/bert WordpieceTokenizer's default
-CONTINUATION_PREFIX = "##"
+from ..errors import RealformerConfigError
 
 
-class WordPieceError(RealformerConfigError):
-    """A vocabulary that cannot be used; the message is one line."""
+class WordPieceError(RealformerConfigError, _plain.WordPieceError):
+    """A vocabulary the plugin cannot use (the message is one line): the plugin's error type
+    (what fairseq's commands turn into one line), and the WordPiece error of the
+    fairseq-free tokenizer, which this module's classes raise as this one."""
 
 
-def read_vocab_file(path: str) -> List[str]:
-    """The tokens of a BERT ``vocab.txt`` in id order (each line stripped, as BERT's
-    ``load_vocab`` does)."""
+@contextlib.contextmanager
+def plugin_error():
+    """The fairseq-free tokenizer's WordPieceError, raised as the plugin's."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return [line.strip() for line in f]
-    except FileNotFoundError:
-        raise WordPieceError(f"no vocabulary file {path}") from None
-    except UnicodeDecodeError as err:
-        raise WordPieceError(f"{path}: not UTF-8 ({err.reason} at byte {err.start})") from None
-
-
-def fairseq_symbol(bert_token: str) -> str:
-    return SPECIAL_TOKENS.get(bert_token, bert_token)
+        yield
+    except _plain.WordPieceError as err:
+        if isinstance(err, WordPieceError):
+            raise
+        raise WordPieceError(str(err)) from None
 
 
 def fairseq_ids_of_bert_vocab(dictionary, vocab_tokens: Sequence[str]) -> np.ndarray:
@@ -118,27 +123,12 @@ class WordPieceVocabulary:
 
     @classmethod
     def from_file(cls, path: str) -> "WordPieceVocabulary":
-        return cls(read_vocab_file(path), source=path)
+        with plugin_error():
+            return cls(read_vocab_file(path), source=path)
 
     def _check(self):
-        seen: Dict[str, int] = {}
-        for bert_id, token in enumerate(self.tokens):
-            where = f"{self.source} line {bert_id + 1}"
-            if not token:
-                raise WordPieceError(f"{where} is empty (BERT ids are line numbers)")
-            if any(ch.isspace() for ch in token):
-                raise WordPieceError(f"{where}: token {token!r} contains white space")
-            if token in seen:
-                raise WordPieceError(f"{where}: token {token!r} is also on line {seen[token] + 1}")
-            if token in SPECIAL_TOKENS.values():
-                raise WordPieceError(
-                    f"{where}: token {token!r} is a fairseq special symbol, which the BERT "
-                    f"special tokens {', '.join(SPECIAL_TOKENS)} become"
-                )
-            seen[token] = bert_id
-        missing = [t for t in SPECIAL_TOKENS if t not in seen]
-        if missing:
-            raise WordPieceError(f"{self.source} has no {', '.join(missing)} token")
+        with plugin_error():
+            check_vocabulary(self.tokens, self.source)
 
     def __len__(self):
         return len(self.tokens)
@@ -158,75 +148,6 @@ class WordPieceVocabulary:
 
     def looks_uncased(self) -> bool:
         return tokens_look_uncased(self.tokens)
-
-
-def tokens_look_uncased(tokens: Sequence[str]) -> bool:
-    """True when no ordinary token has an upper-case letter (Google's uncased vocabularies;
-    the cased ones have thousands)."""
-    return not any(
-        any(ch.isupper() for ch in t)
-        for t in tokens
-        if t not in SPECIAL_TOKENS and not (t.startswith("[") and t.endswith("]"))
-    )
-
-
-class BertTextTokenizer:
-    """BERT's ``FullTokenizer`` (see the module docstring) over a BERT vocabulary."""
-
-    def __init__(self, tokens: Sequence[str], lowercase: bool):
-        from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
-
-        self.lowercase = lowercase
-        self._tokenizer = Tokenizer(
-            models.WordPiece(
-                vocab={t: i for i, t in enumerate(tokens)},
-                unk_token="[UNK]",
-                max_input_chars_per_word=MAX_INPUT_CHARS_PER_WORD,
-                continuing_subword_prefix=CONTINUATION_PREFIX,
-            )
-        )
-        self._tokenizer.normalizer = normalizers.BertNormalizer(
-            clean_text=True, handle_chinese_chars=True, strip_accents=lowercase, lowercase=lowercase
-        )
-        self._tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
-
-    @classmethod
-    def from_file(cls, vocab_path: str, lowercase: bool) -> "BertTextTokenizer":
-        return cls(read_vocab_file(vocab_path), lowercase)
-
-    def bert_pieces(self, text: str) -> List[str]:
-        """WordPiece strings of ``text`` as BERT writes them (``[UNK]``)."""
-        return self._tokenizer.encode(text, add_special_tokens=False).tokens
-
-    def pieces(self, text: str) -> List[str]:
-        """WordPiece strings of ``text`` in the fairseq dictionary's spelling (``<unk>``)."""
-        return [fairseq_symbol(p) for p in self.bert_pieces(text)]
-
-    def pieces_with_offsets(self, text: str) -> Tuple[List[str], List[Tuple[int, int]]]:
-        """The fairseq-spelled pieces of ``text`` and, for each, the ``(start, end)`` character
-        span of ``text`` it comes from (the ``tokenizers`` package tracks them through
-        lower-casing, accent stripping and the spaces put around CJK characters; every piece
-        of a word split into ``##`` continuations has its own span)."""
-        encoding = self._tokenizer.encode(text, add_special_tokens=False)
-        return [fairseq_symbol(p) for p in encoding.tokens], list(encoding.offsets)
-
-    def encode_lines(self, lines: Sequence[str]) -> List[str]:
-        """Each line as space-joined fairseq-spelled pieces (batched in Rust)."""
-        encodings = self._tokenizer.encode_batch(list(lines), add_special_tokens=False)
-        return [" ".join(fairseq_symbol(p) for p in e.tokens) for e in encodings]
-
-
-def encode_text(text: str, tokenizer: BertTextTokenizer) -> str:
-    """Raw text -> space-joined WordPiece pieces in fairseq's spelling (``fairseq-preprocess``
-    input for the imported model's ``dict.txt``)."""
-    return " ".join(tokenizer.pieces(text))
-
-
-def decode_pieces(text: str) -> str:
-    """Space-joined pieces -> text: ``##`` continuations joined to the piece before (BERT's
-    detokenisation; the lower-casing and accent stripping cannot be undone)."""
-    text = text.replace(" " + CONTINUATION_PREFIX, "")
-    return text[len(CONTINUATION_PREFIX) :] if text.startswith(CONTINUATION_PREFIX) else text
 
 
 # ------------------------------------------------------------------ fairseq --bpe wordpiece
@@ -256,28 +177,6 @@ class WordPieceBPEConfig(FairseqDataclass):
     )
 
 
-def wordpiece_lowercase(cfg, tokens: Sequence[str]) -> Tuple[bool, str]:
-    """(lower-case?, why) of a ``--bpe wordpiece`` config (``wordpiece_cased`` /
-    ``wordpiece_uncased``, in a checkpoint or on the command line) over its vocabulary's
-    ``tokens``; see the module docstring."""
-    get = cfg.get if isinstance(cfg, dict) else lambda key, default: getattr(cfg, key, default)
-    cased, uncased = get("wordpiece_cased", None), get("wordpiece_uncased", False)
-    if cased and uncased:
-        raise WordPieceError("--wordpiece-cased and --wordpiece-uncased contradict each other")
-    if cased:
-        return False, "--wordpiece-cased"
-    if uncased:
-        return True, "--wordpiece-uncased"
-    if cased is False:  # stored by a checkpoint of before --wordpiece-uncased: its uncased models
-        return True, "wordpiece_cased: false"
-    return lowercase_of_vocabulary(tokens)
-
-
-def lowercase_of_vocabulary(tokens: Sequence[str]) -> Tuple[bool, str]:
-    lowercase = tokens_look_uncased(tokens)
-    return lowercase, "the vocabulary has %s upper-case token" % ("no" if lowercase else "an")
-
-
 @register_bpe("wordpiece", dataclass=WordPieceBPEConfig)
 class WordPieceBPE:
     """fairseq BPE ``wordpiece``: BERT's tokenisation (:class:`BertTextTokenizer`); pieces are
@@ -286,8 +185,9 @@ class WordPieceBPE:
     def __init__(self, cfg):
         if not cfg.wordpiece_vocab:
             raise WordPieceError("--bpe wordpiece needs --wordpiece-vocab vocab.txt")
-        self.vocab_tokens = read_vocab_file(cfg.wordpiece_vocab)  # BERT id order
-        lowercase, _ = wordpiece_lowercase(cfg, self.vocab_tokens)
+        with plugin_error():
+            self.vocab_tokens = read_vocab_file(cfg.wordpiece_vocab)  # BERT id order
+            lowercase, _ = wordpiece_lowercase(cfg, self.vocab_tokens)
         self.tokenizer = BertTextTokenizer(self.vocab_tokens, lowercase=lowercase)
 
     def encode(self, x: str) -> str:
@@ -298,117 +198,3 @@ class WordPieceBPE:
 
     def is_beginning_of_word(self, x: str) -> bool:
         return not x.startswith(CONTINUATION_PREFIX)
-
-
-# ------------------------------------------------------------------ realformer-wordpiece
-
-PROG = "realformer-wordpiece"
-
-
-def get_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog=PROG,
-        description="BERT WordPiece tokenisation of raw text, one line in, one line out, in the "
-        "spelling of the fairseq dict.txt that realformer-import-tf writes (input of "
-        "fairseq-preprocess --srcdict OUT_DIR/dict.txt).",
-    )
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument(
-        "--model",
-        help="the model (a checkpoint, or realformer-import-tf's folder): its vocab.txt and its "
-        "casing, as it was trained",
-    )
-    source.add_argument("--vocab", help="BERT vocab.txt (casing: as the vocabulary shows)")
-    case = parser.add_mutually_exclusive_group()
-    case.add_argument(
-        "--cased",
-        action="store_true",
-        help="cased model (no lower-casing); with --model, stops unless the model is cased",
-    )
-    case.add_argument(
-        "--uncased",
-        action="store_true",
-        help="uncased model (lower-case, strip accents); with --model, stops unless the model is "
-        "uncased",
-    )
-    parser.add_argument("--inputs", nargs="+", default=["-"], help="input files ('-': stdin)")
-    parser.add_argument("--outputs", nargs="+", default=["-"], help="output files ('-': stdout)")
-    return parser
-
-
-def _lines(path: str):
-    if path == "-":
-        return sys.stdin
-    return open(path, encoding="utf-8")
-
-
-@exit_with_one_line(PROG)
-def cli_main(argv: Optional[Sequence[str]] = None):
-    args = get_parser().parse_args(argv)
-    if len(args.inputs) != len(args.outputs):
-        raise WordPieceError("give as many --outputs as --inputs")
-    if args.model:
-        vocab_file, lowercase = model_wordpiece(args.model, args.cased, args.uncased)
-        vocab = WordPieceVocabulary.from_file(vocab_file)
-    else:
-        vocab = WordPieceVocabulary.from_file(args.vocab)
-        lowercase = resolve_lowercase(vocab, cased=args.cased, uncased=args.uncased)
-    tokenizer = BertTextTokenizer(vocab.tokens, lowercase)
-    for src, dst in zip(args.inputs, args.outputs):
-        try:
-            fin = _lines(src)
-        except FileNotFoundError:
-            raise WordPieceError(f"no input file {src}") from None
-        fout = sys.stdout if dst == "-" else open(dst, "w", encoding="utf-8")
-        try:
-            batch: List[str] = []
-            for line in fin:
-                batch.append(line.rstrip("\n"))
-                if len(batch) == 10000:
-                    fout.write("".join(x + "\n" for x in tokenizer.encode_lines(batch)))
-                    batch = []
-            fout.write("".join(x + "\n" for x in tokenizer.encode_lines(batch)))
-        finally:
-            if fin is not sys.stdin:
-                fin.close()
-            if fout is not sys.stdout:
-                fout.close()
-
-
-def model_wordpiece(model: str, cased: bool = False, uncased: bool = False) -> Tuple[str, bool]:
-    """(vocab.txt, lower-case?) of a model (checkpoint or model folder), as it was trained; an
-    explicit ``cased`` / ``uncased`` that contradicts it raises (one line)."""
-    from realformer_pipelines.model_info import check_agrees, read_model_info
-
-    info = read_model_info(model)
-    if info.tokenizer != "wordpiece" or not info.vocab or info.cased is None:
-        raise WordPieceError(
-            f"{info.checkpoint}: not a WordPiece model with its vocabulary (--bpe "
-            f"{info.tokenizer or 'not recorded'}); give --vocab"
-        )
-    flag = "--cased" if cased else "--uncased" if uncased else ""
-    check_agrees(info, cased=True if cased else False if uncased else None, flags=flag)
-    logger.info("WordPiece: %s, as %s was trained", info.casing, info.checkpoint)
-    return info.vocab, not info.cased
-
-
-def resolve_lowercase(vocab: WordPieceVocabulary, cased: bool, uncased: bool) -> bool:
-    """Lower-case (uncased model) with ``uncased``, not with ``cased``; with neither flag, as the
-    vocabulary shows (an uncased vocabulary has no upper-case token). Logged."""
-    if cased and uncased:
-        raise WordPieceError("--cased and --uncased contradict each other")
-    if cased or uncased:
-        lowercase = uncased
-        how = "--uncased" if uncased else "--cased"
-    else:
-        lowercase, how = lowercase_of_vocabulary(vocab.tokens)
-    logger.info(
-        "WordPiece: %s (%s)",
-        "uncased: lower-case and strip accents" if lowercase else "cased",
-        how,
-    )
-    return lowercase
-
-
-if __name__ == "__main__":
-    cli_main()
