@@ -1,11 +1,12 @@
 """Every change that importing the plugin makes to fairseq 0.12.3, in one place.
 
 fairseq imports a ``--user-dir`` plugin inside each console command before it reads a
-checkpoint or an input line, and offers no extension point for either, so these three
-fairseq functions are wrapped or replaced (each wrapper is idempotent, calls fairseq's own function and
-changes only what its module docstring says), and the fairseq modules that ask for a numpy alias
-the running numpy no longer has (or a keyword it no longer takes) get their own ``np`` with it
-(nothing where numpy has it; the one alias not supplied, and why: :mod:`.numpy_compat`).
+checkpoint, an input line or a batch, and offers no extension point for any of them, so these
+three fairseq functions and one class are wrapped or replaced (each replacement is idempotent,
+calls fairseq's own code and changes only what its module docstring says), and the fairseq
+modules that ask for a numpy alias the running numpy no longer has (or a keyword it no longer
+takes) get their own ``np`` with it (nothing where numpy has it; the one alias not supplied, and
+why: :mod:`.numpy_compat`).
 Nothing else in fairseq is changed:
 ``tests/test_package_structure.py::test_importing_the_plugin_changes_only_the_listed_fairseq_functions``
 compares every attribute of every loaded fairseq module before and after the import.
@@ -30,6 +31,14 @@ is loaded, i.e. under that command)        with a traceback and the rest of the 
                                            a ``UnicodeDecodeError`` before any line is
                                            translated. Reads the same buffers, with
                                            U+FFFD and one warning for such a byte.
+``fairseq.data.iterators.                 a command that ends while fairseq's daemon     :mod:`.iterator_compat`
+BackgroundConsumer`` (replaced by a        thread collates the next batches in a torch
+subclass; ``run`` is fairseq's)            op (``fairseq-train`` at ``--max-update`` in
+                                           mid-epoch) aborts as Python ends the thread:
+                                           ``terminate called without an active
+                                           exception``, exit 134 after the last
+                                           checkpoint. At exit each consumer finishes
+                                           its batch and stops first.
 ``np`` of ``fairseq.data.``                fairseq 0.12.3 asks numpy for what numpy has   :mod:`.numpy_compat`
 ``token_block_dataset`` and                removed: ``np.compat.long`` (numpy 2.0;
 ``language_pair_dataset`` (numpy >= 2),    reached by ``--sample-break-mode eos`` and
@@ -48,9 +57,9 @@ Registering the plugin's models, architectures, criterion, optimizer and BPE (``
 registries is what ``--user-dir`` asks for, and is not a patch.
 """
 
-from . import checkpoint_compat, interactive_compat, numpy_compat
+from . import checkpoint_compat, interactive_compat, iterator_compat, numpy_compat
 
-PATCHES = (checkpoint_compat, interactive_compat, numpy_compat)
+PATCHES = (checkpoint_compat, interactive_compat, iterator_compat, numpy_compat)
 
 
 def install():
