@@ -7,6 +7,9 @@ Parallel safety, in one place:
 * every worker runs torch on one thread, and the commands it starts get ``OMP_NUM_THREADS=1`` /
   ``MKL_NUM_THREADS=1`` unless the caller set them: two workers on two cores, not four threads
   fighting over two cores;
+* each worker starts a fork server (tests/fork_server.py): the commands that import fairseq
+  start from a process that has torch, scikit-learn and scipy imported, about half of their CPU
+  before they read an argument (``REALFORMER_TEST_FORK_SERVER=0``: every command fresh);
 * tests that share a fixture wider than one test (module, class or session scope: a trained
   model, a data-bin, the README's quick-start folder) run on one worker, in file order: this
   file gives each of them an ``xdist_group`` named after the fixtures they share (a test may also
@@ -30,9 +33,8 @@ import pytest
 
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... in an xdist worker
 
-if WORKER:
-    for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-        os.environ.setdefault(_var, "1")
+for _var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
 
 # the run's shared folder (harness.run_dir, harness.built_once): made here, in the process that
 # starts the run, so that the workers it starts inherit it; removed when that process ends
@@ -43,14 +45,53 @@ if not os.environ.get(RUN_DIR_VARIABLE):
     os.environ[RUN_DIR_VARIABLE] = _own_run_dir
 
 
+_fork_server = None
+
+
+def _runs_tests(config):
+    """A worker, or the one process of ``-n 0`` (not the controller of the workers)."""
+    return bool(WORKER) or not (config.getoption("dist", "no") != "no" and config.getoption("tx"))
+
+
 def pytest_configure(config):
-    if WORKER:
+    if _runs_tests(config):
         import torch
 
         torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+        _start_fork_server()
+
+
+def _start_fork_server():
+    """This process's fork server (tests/fork_server.py), which its commands and their commands
+    (every process started after this inherits the environment set here) find by
+    REALFORMER_TEST_FORK_SERVER; REALFORMER_TEST_FORK_SERVER=0 beforehand: none."""
+    global _fork_server
+    import subprocess
+    import sys
+
+    import fork_server
+
+    if os.environ.get(fork_server.SOCKET_VARIABLE) == "0":
+        return
+    address = os.path.join(os.environ[RUN_DIR_VARIABLE], f"fork-server-{WORKER or 'main'}")
+    os.environ[fork_server.SOCKET_VARIABLE] = address
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (fork_server.HOOK_DIR, os.environ.get("PYTHONPATH")) if p
+    )
+    with open(address + ".log", "ab") as log:
+        _fork_server = subprocess.Popen(
+            [sys.executable, fork_server.__file__, address],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+        )
 
 
 def pytest_unconfigure(config):
+    if _fork_server is not None:
+        _fork_server.kill()
+        _fork_server.wait()
     if _own_run_dir:
         shutil.rmtree(_own_run_dir, ignore_errors=True)
 

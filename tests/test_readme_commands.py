@@ -140,8 +140,11 @@ def test_quickstart_says_what_it_scored(layout):
 
 
 def run_block(cwd: Path, text: str, lang: str = "bash", timeout: int = 900):
+    # PYTHONPATH: the clone first (README blocks import studies/), then the suite's own entries
+    # (tests/conftest.py: the fork server's hook)
+    path = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-               REALFORMER_SHARED_DATA=str(SHARED_DATA), PYTHONPATH=str(REPO_ROOT))  # fmt: skip
+               REALFORMER_SHARED_DATA=str(SHARED_DATA), PYTHONPATH=path)  # fmt: skip
     if lang == "python":
         script = cwd / "block.py"
         script.write_text(text, encoding="utf-8")

@@ -1,0 +1,167 @@
+"""The suite's fork server (tests/fork_server.py) stands for an exec: a command it runs prints,
+writes and exits exactly as the same command run as a process of its own (expected values
+below are the fresh process's, run beside it), and it does run the commands it is meant to."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import fork_server
+import pytest
+
+BIN = Path(sys.executable).parent
+ADDRESS = os.environ.get(fork_server.SOCKET_VARIABLE, "0")
+pytestmark = pytest.mark.skipif(ADDRESS == "0", reason="REALFORMER_TEST_FORK_SERVER=0")
+
+TIMESTAMP = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", re.M)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def serving():
+    """The server listens once its preload is done (the socket appears): a few seconds after the
+    worker starts it; before that a command runs as a process of its own."""
+    deadline = time.time() + 120
+    while not os.path.exists(ADDRESS):
+        assert time.time() < deadline, f"no fork server at {ADDRESS}: {server_log()[-2000:]}"
+        time.sleep(0.2)
+
+
+def server_log() -> str:
+    log = Path(ADDRESS + ".log")
+    return log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
+
+
+def run_both(cmd, cwd=None, env=None, input=None):
+    """The command through the server, then as a process of its own: (forked, fresh), each
+    (returncode, stdout, stderr); asserts the first was forked and the second was not."""
+    results = []
+    for address in (ADDRESS, "0"):
+        before = server_log().count("\nforked ") + server_log().startswith("forked ")
+        proc = subprocess.run(
+            [str(c) for c in cmd],
+            cwd=cwd,
+            env=dict(env or os.environ, **{fork_server.SOCKET_VARIABLE: address}),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        after = server_log().count("\nforked ") + server_log().startswith("forked ")
+        assert after - before == (address != "0"), (cmd, address, server_log()[-2000:])
+        results.append((proc.returncode, proc.stdout, TIMESTAMP.sub("T", proc.stderr)))
+    return results
+
+
+def test_argument_errors_and_help_are_the_fresh_processes(tmp_path):
+    forked, fresh = run_both([BIN / "fairseq-train", tmp_path, "--arch", "no_such_arch"])
+    assert fresh[0] == 2 and "invalid choice: 'no_such_arch'" in fresh[2]
+    assert forked == fresh
+    # the environment reaches the command: argparse wraps --help at $COLUMNS
+    narrow = dict(os.environ, COLUMNS="50")
+    forked, fresh = run_both([BIN / "fairseq-generate", "--help"], env=narrow)
+    assert fresh[0] == 0 and fresh[1].splitlines()[:2] == [
+        "usage: fairseq-generate [-h] [--no-progress-bar]",
+        "                        [--log-interval LOG_INTERVAL]",
+    ]
+    assert forked == fresh
+
+
+def test_an_uncaught_exception_prints_the_fresh_processes_traceback(tmp_path):
+    cmd = [BIN / "fairseq-preprocess", "--only-source", "--trainpref", tmp_path / "missing",
+           "--destdir", tmp_path / "out"]  # fmt: skip
+    forked, fresh = run_both(cmd)
+    assert fresh[0] == 1
+    assert f'Traceback (most recent call last):\n  File "{BIN}/fairseq-preprocess"' in fresh[2]
+    assert "FileNotFoundError" in fresh[2].splitlines()[-1]
+    assert forked == fresh
+
+
+def test_files_modes_working_directory_stdin_and_inherited_descriptors(tmp_path):
+    lines = [f"le chat {i} est sur le tapis {i % 7}" for i in range(40)]
+    outputs = {}
+    for name, address in (("forked", ADDRESS), ("fresh", "0")):
+        work = tmp_path / name
+        work.mkdir()
+        (work / "train.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (work / "ref.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        hyp = "\n".join(line.replace("chat", "chien") for line in lines) + "\n"
+        (work / "hyp.txt").write_text(hyp, encoding="utf-8")
+        # relative paths (the working directory), umask 027, stdin, and fd 3 from the shell
+        script = (
+            "umask 027\n"
+            f"{BIN}/fairseq-preprocess --only-source --trainpref train.txt --destdir out "
+            "--workers 1 > preprocess.log 2>&1\n"
+            f"{BIN}/fairseq-score --ref ref.txt --sys - < hyp.txt > stdin.score\n"
+            f"{BIN}/fairseq-score --ref ref.txt --sys /dev/fd/3 3< hyp.txt > fd3.score\n"
+        )
+        before = server_log().count("forked ")
+        subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", script],
+            cwd=work,
+            env=dict(os.environ, **{fork_server.SOCKET_VARIABLE: address}),
+            check=True,
+            timeout=300,
+        )
+        assert server_log().count("forked ") - before == (3 if address != "0" else 0)
+        outputs[name] = {
+            str(path.relative_to(work)): (oct(path.stat().st_mode), path.read_bytes())
+            for path in sorted((work / "out").iterdir())
+            + [work / "stdin.score", work / "fd3.score"]
+        }
+    forked, fresh = outputs["forked"], outputs["fresh"]
+    assert sorted(fresh) == ["fd3.score", "out/dict.txt", "out/preprocess.log", "out/train.bin",
+                             "out/train.idx", "stdin.score"]  # fmt: skip
+    assert fresh["out/train.bin"][0] == oct(0o100640)
+    bleu = [line for line in fresh["stdin.score"][1].splitlines() if line.startswith(b"BLEU4 = ")]
+    assert len(bleu) == 1 and bleu[0] in fresh["fd3.score"][1].splitlines()
+    assert {k: v for k, v in forked.items() if k != "out/preprocess.log"} == {
+        k: v for k, v in fresh.items() if k != "out/preprocess.log"
+    }
+    assert forked["out/preprocess.log"][0] == fresh["out/preprocess.log"][0]
+
+
+def _blocked_on_stdin(address):
+    """fairseq-score waiting for its system output on a stdin that stays open; through the
+    server: once the server has forked it."""
+    before = server_log().count("forked ")
+    proc = subprocess.Popen(
+        [str(BIN / "fairseq-score"), "--ref", "/dev/null", "--sys", "-"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=dict(os.environ, **{fork_server.SOCKET_VARIABLE: address}),
+    )
+    deadline = time.time() + 60
+    while address != "0" and server_log().count("forked ") == before:
+        assert time.time() < deadline and proc.poll() is None, server_log()[-2000:]
+        time.sleep(0.1)
+    time.sleep(1)
+    return proc
+
+
+def test_signals_reach_the_command_and_a_killed_caller_takes_it_along():
+    fresh = _blocked_on_stdin("0")
+    forked = _blocked_on_stdin(ADDRESS)
+    for proc in (fresh, forked):
+        proc.send_signal(signal.SIGTERM)
+    assert fresh.wait(30) == -signal.SIGTERM
+    assert forked.wait(30) == -signal.SIGTERM
+    # SIGKILL cannot be passed on: the server kills the command when its caller is gone
+    forked = _blocked_on_stdin(ADDRESS)
+    pid = int(re.findall(r"forked (\d+): ", server_log())[-1])
+    os.kill(pid, 0)  # running
+    forked.kill()
+    forked.wait(30)
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the forked command {pid} outlived its killed caller")
