@@ -259,6 +259,7 @@ def serve(address):
     identity = _identity({k: v for k, v in os.environ.items() if k not in set_by_imports})
     os.rename(address + ".tmp", address)
     running = {}  # connection -> pid
+    parent = os.getppid()  # the pytest process that started it: the server ends with it
 
     def recv_request(conn):
         msg, fds, _, _ = socket.recv_fds(conn, 8, 256)
@@ -271,7 +272,7 @@ def serve(address):
             data += chunk
         return json.loads(data), fds
 
-    while True:
+    while running or os.getppid() == parent:
         ready, _, _ = select.select([listener] + list(running), [], [], 0.05)
         for conn in ready:
             if conn is listener:
