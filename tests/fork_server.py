@@ -66,10 +66,6 @@ PRELOADED = ("torch", "sklearn", "scipy", "numpy")
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_server_hook")
 
 
-def _load_time_env(env):
-    return {k: v for k, v in env.items() if k.startswith(LOAD_TIME_PREFIXES)}
-
-
 def _limits():
     import resource
 
@@ -87,11 +83,6 @@ def _identity(env):
     resource limits."""
     import importlib.util
 
-    env = {
-        k: v
-        for k, v in env.items()
-        if k not in ("PYTHON", "PYTHONPATH") and not k.startswith(LAZY_PREFIXES)
-    }
     return {
         "executable": sys.executable,
         "prefix": sys.prefix,
@@ -99,7 +90,13 @@ def _identity(env):
         "flags": list(sys.flags),
         "warnoptions": list(sys.warnoptions),
         "xoptions": sorted(map(str, sys._xoptions.items())),
-        "env": _load_time_env(env),
+        "env": {
+            k: v
+            for k, v in env.items()
+            if k.startswith(LOAD_TIME_PREFIXES)
+            and k not in ("PYTHON", "PYTHONPATH")
+            and not k.startswith(LAZY_PREFIXES)
+        },
         "limits": _limits(),
     }
 
@@ -132,10 +129,11 @@ def delegate():
     """Called by the hook's sitecustomize as a Python process starts: run this process's command
     in the fork server and exit as it did, or return (the process goes on by itself)."""
     address = os.environ.get(SOCKET_VARIABLE, "")
-    if address in ("", "0") or _command() is None:
+    command = _command()
+    if address in ("", "0") or command is None:
         return
     try:
-        status = _run_in_server(address)
+        status = _run_in_server(address, command)
     except Exception:
         return
     if status is None:
@@ -164,7 +162,7 @@ def _open_fds():
     return sorted(fds)
 
 
-def _run_in_server(address):
+def _run_in_server(address, command):
     import json
     import signal
     import socket
@@ -186,7 +184,7 @@ def _run_in_server(address):
         "identity": _identity(os.environ),
         "argv": sys.argv,
         "orig_argv": sys.orig_argv,
-        "command": _command(),
+        "command": command,
         "path": path,
         "cwd": os.getcwd(),
         "env": dict(os.environ),
@@ -282,18 +280,8 @@ def serve(address):
                 except Exception:
                     conn.close()
                     continue
-                theirs = request["identity"]
-                for key, value in set_by_imports.items():  # setdefault: theirs or ours, alike
-                    if theirs["env"].get(key, value) == value:
-                        theirs["env"].pop(key, None)
-                if theirs != identity or len(fds) != len(request["fds"]):
-                    differ = [k for k in identity if identity[k] != request["identity"].get(k)]
-                    if "env" in differ:
-                        theirs = request["identity"]["env"]
-                        differ += sorted(
-                            k for k in set(theirs) | set(identity["env"])
-                            if theirs.get(k) != identity["env"].get(k)
-                        )  # fmt: skip
+                differ = _differences(identity, request["identity"], set_by_imports)
+                if differ or len(fds) != len(request["fds"]):
                     print(f"declined {request['argv'][:1]}: differs in {differ}", file=sys.stderr)
                     conn.sendall(b"declined\n")
                     conn.close()
@@ -336,6 +324,21 @@ def serve(address):
                 pass
             conn.close()
             del running[conn]
+
+
+def _differences(ours, theirs, set_by_imports):
+    """The keys of :func:`_identity` (and, within its environment, the variables) on which a
+    command differs from the server. A variable the preload sets with setdefault
+    (``set_by_imports``) is alike where the command has it unset or at the same value."""
+    env = {
+        k: v
+        for k, v in theirs["env"].items()
+        if not (k in set_by_imports and v == set_by_imports[k])
+    }
+    differ = [k for k in ours if k != "env" and ours[k] != theirs.get(k)]
+    return differ + sorted(
+        k for k in set(env) | set(ours["env"]) if env.get(k) != ours["env"].get(k)
+    )
 
 
 def _kill_group(pid, signum):

@@ -35,12 +35,17 @@ def server_log() -> str:
     return log.read_text(encoding="utf-8", errors="replace") if log.exists() else ""
 
 
+def forks() -> int:
+    """How many commands the server has forked so far (a line "forked PID: ARGV" each)."""
+    return sum(line.startswith("forked ") for line in server_log().splitlines())
+
+
 def run_both(cmd, cwd=None, env=None, input=None):
     """The command through the server, then as a process of its own: (forked, fresh), each
     (returncode, stdout, stderr); asserts the first was forked and the second was not."""
     results = []
     for address in (ADDRESS, "0"):
-        before = server_log().count("\nforked ") + server_log().startswith("forked ")
+        before = forks()
         proc = subprocess.run(
             [str(c) for c in cmd],
             cwd=cwd,
@@ -50,8 +55,7 @@ def run_both(cmd, cwd=None, env=None, input=None):
             text=True,
             timeout=300,
         )
-        after = server_log().count("\nforked ") + server_log().startswith("forked ")
-        assert after - before == (address != "0"), (cmd, address, server_log()[-2000:])
+        assert forks() - before == (address != "0"), (cmd, address, server_log()[-2000:])
         results.append((proc.returncode, proc.stdout, TIMESTAMP.sub("T", proc.stderr)))
     return results
 
@@ -98,7 +102,7 @@ def test_files_modes_working_directory_stdin_and_inherited_descriptors(tmp_path)
             f"{BIN}/fairseq-score --ref ref.txt --sys - < hyp.txt > stdin.score\n"
             f"{BIN}/fairseq-score --ref ref.txt --sys /dev/fd/3 3< hyp.txt > fd3.score\n"
         )
-        before = server_log().count("forked ")
+        before = forks()
         subprocess.run(
             ["bash", "-euo", "pipefail", "-c", script],
             cwd=work,
@@ -106,7 +110,7 @@ def test_files_modes_working_directory_stdin_and_inherited_descriptors(tmp_path)
             check=True,
             timeout=300,
         )
-        assert server_log().count("forked ") - before == (3 if address != "0" else 0)
+        assert forks() - before == (3 if address != "0" else 0)
         outputs[name] = {
             str(path.relative_to(work)): (oct(path.stat().st_mode), path.read_bytes())
             for path in sorted((work / "out").iterdir())
@@ -127,7 +131,7 @@ def test_files_modes_working_directory_stdin_and_inherited_descriptors(tmp_path)
 def _blocked_on_stdin(address):
     """fairseq-score waiting for its system output on a stdin that stays open; through the
     server: once the server has forked it."""
-    before = server_log().count("forked ")
+    before = forks()
     proc = subprocess.Popen(
         [str(BIN / "fairseq-score"), "--ref", "/dev/null", "--sys", "-"],
         stdin=subprocess.PIPE,
@@ -136,7 +140,7 @@ def _blocked_on_stdin(address):
         env=dict(os.environ, **{fork_server.SOCKET_VARIABLE: address}),
     )
     deadline = time.time() + 60
-    while address != "0" and server_log().count("forked ") == before:
+    while address != "0" and forks() == before:
         assert time.time() < deadline and proc.poll() is None, server_log()[-2000:]
         time.sleep(0.1)
     time.sleep(1)
