@@ -62,6 +62,10 @@ setup(
         # and the plugin never compute them; ve-fairseq's sentence_prediction criterion happens to
         # import both, fairseq 0.12.2 does not)
         "glue": ["scikit-learn>=1.0", "scipy>=1.7"],
+        # --residual-attention-impl triton (its fused kernels; its tests run them on CPU under
+        # TRITON_INTERPRET=1). CUDA builds of torch ship triton already; scripts/install.sh's
+        # CPU venv does not pull it (about 1 GB installed), .ci/run's triton job does
+        "triton": ["triton>=3"],
         # the tests draw the figures of realformer-attention-stats and score examples/glue too
         # pytest-xdist: the suite runs on every core (pyproject.toml's addopts: -n auto)
         "test": [

@@ -22,6 +22,8 @@ missing is an error, never a default.
 """
 
 import dataclasses
+import importlib.util
+import sys
 from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence
 
 from .errors import RealformerConfigError
@@ -29,9 +31,13 @@ from .errors import RealformerConfigError
 RESIDUAL_CHAINS = ("encoder", "decoder", "cross")
 RESIDUAL_ATTENTION_MODES = ("sum", "mean")
 # eager: the float32 score stream, layer by layer; concat: one fused attention over the
-# concatenated queries and keys of the chain so far (no stream); auto: concat where a measured
-# rule of modules/route_rules.py matches this machine's GPU, eager elsewhere (docs/benchmarks.md)
-RESIDUAL_ATTENTION_IMPLS = ("eager", "concat", "auto")
+# concatenated queries and keys of the chain so far (no stream); triton: the stream in and out
+# of one fused Triton kernel per layer (the optional extra ``triton``); auto: concat where a
+# measured rule of modules/route_rules.py matches this machine's GPU, eager elsewhere
+# (docs/benchmarks.md)
+RESIDUAL_ATTENTION_IMPLS = ("eager", "concat", "triton", "auto")
+# what --residual-attention-impl triton needs and how to get it (one line)
+TRITON_INSTALL = "pip install -e '.[triton]' in the clone (CUDA builds of torch ship triton)"
 INIT_TYPES = ("default", "admin", "admin-closed-form")
 ADMIN_INIT_TYPES = ("admin", "admin-closed-form")
 
@@ -78,8 +84,11 @@ FLAGS = (
             "materialises the float32 running sum of scores; concat runs one fused attention "
             "over the concatenated queries and keys of this and all earlier layers of the chain "
             "(no T x T tensor, falls back to eager where no fused kernel serves the call, with "
-            "one warning); auto (the default) runs concat only where a measured rule for this "
-            "machine's GPU says it wins (today: the first 4 layers of self-attention chains on "
+            "one warning); triton runs one fused Triton kernel per layer that reads the previous "
+            "stream and writes the new one (needs the extra: pip install -e '.[triton]'; "
+            "incremental decoding, need_weights, TorchScript and keys shared by the beams run "
+            "eager, with one warning); auto (the default) runs concat only where a measured rule "
+            "for this machine's GPU says it wins (today: the first 4 layers of self-attention chains on "
             "keys of 2048+ tokens, fp16/bf16, NVIDIA H200 with torch 2.11) and builds the eager "
             "route everywhere else",
         ),
@@ -162,6 +171,10 @@ class RealformerSettings:
     layernorm_eps: Optional[float] = None  # None: fairseq's LayerNorm default
     type_vocab_size: int = 0
     bert_pooler: bool = False
+    # where the model is built, not what it computes (so not compared): fairseq's --cpu where
+    # the config carries it (fairseq-train's Namespace; not a hydra model config). A CPU build
+    # reads no GPU's rule for ``auto`` and never touches CUDA (modules/route_rules.py)
+    cpu: bool = dataclasses.field(default=False, compare=False)
 
     @property
     def admin(self) -> bool:
@@ -285,6 +298,11 @@ def read_realformer_settings(
             f"--residual-attention-impl {impl} needs residual attention on "
             f"(--residual-attention is '{requested}' for this architecture)"
         )
+    if impl == "triton" and not triton_installed():
+        raise RealformerConfigError(
+            f"--residual-attention-impl triton needs the triton package, which is not installed "
+            f"in this Python: {TRITON_INSTALL}"
+        )
 
     init_type = values["init_type"]
     if init_type not in INIT_TYPES:
@@ -329,4 +347,14 @@ def read_realformer_settings(
         layernorm_eps=None if eps is None else float(eps),
         type_vocab_size=int(types),
         bert_pooler=bool(pooler),
+        cpu=bool(config_value(cfg, "cpu", False)),
     )
+
+
+def triton_installed() -> bool:
+    """Is the ``triton`` package importable here? Asked without importing it (its import
+    takes seconds; CPU builds never import it). ``sys.modules["triton"] = None``, Python's
+    way to block an import, answers no."""
+    if "triton" in sys.modules:
+        return sys.modules["triton"] is not None
+    return importlib.util.find_spec("triton") is not None

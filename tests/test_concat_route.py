@@ -453,6 +453,32 @@ def test_auto_builds_the_concat_route_only_where_the_rule_matches_the_gpu(monkey
         }, other
 
 
+def test_a_cpu_build_on_a_gpu_host_never_asks_cuda_for_its_device(monkeypatch):
+    """Issue 46, item 6: ``auto`` looked up its rule with ``torch.cuda.get_device_name(0)``
+    whenever CUDA was available, also for a ``--cpu`` build (which then initialises CUDA on a
+    GPU host, or fails where the GPU is busy or broken). The build's device comes first."""
+
+    def no_cuda(*args, **kwargs):
+        raise RuntimeError("a CPU build asked CUDA for its device")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", no_cuda)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", no_cuda)
+    model, _ = build_translation_model("realformer_tiny", cpu=True)  # fairseq's --cpu
+    assert {type(m) for m in model.modules() if hasattr(m, "residual_attention_impl")} == {
+        RealformerMultiheadAttention
+    }
+    for chain in ("encoder", "decoder", "cross"):
+        assert route_rules.built_route("auto", chain, cpu=True) == "eager"
+    # the same build without --cpu does ask (the rule of a GPU build is the GPU's)
+    with pytest.raises(RuntimeError, match="a CPU build asked CUDA"):
+        build_translation_model("realformer_tiny")
+    # where the model is built is not part of what it computes
+    base = {"residual_attention": "all", "residual_attention_mode": "sum", "init_type": "admin"}
+    on_cpu = read_realformer_settings(dict(base, cpu=True))
+    assert on_cpu.cpu and on_cpu == read_realformer_settings(base)
+
+
 def test_auto_on_a_matching_gpu_machine_runs_eager_on_cpu(monkeypatch):
     """A model built on a GPU machine whose rule matches, but run on the CPU: eager."""
     pretend_gpu(monkeypatch)

@@ -22,6 +22,7 @@ from ..modules.residual_attention import (
     RealformerMultiheadAttention,
 )
 from ..modules.route_rules import built_route
+from ..modules.triton_route import TritonRealformerMultiheadAttention
 from ..settings import RealformerSettings, read_realformer_settings
 from .supported_flags import refuse_unsupported_flags
 
@@ -60,8 +61,11 @@ def check_layers_match_settings(
     ``chain_attention`` maps each chain the model has to its attention modules, one
     per layer (``None`` where a layer has none, e.g. no cross-attention). Every module
     of a residual chain must be a :class:`RealformerMultiheadAttention` with the
-    requested mode and route (``--residual-attention-impl``: the eager class for ``eager``,
-    :class:`ConcatRealformerMultiheadAttention` with that value otherwise), and no module
+    requested mode and route (``--residual-attention-impl`` as
+    :func:`~realformer_fairseq.modules.route_rules.built_route` resolves it on this machine:
+    the eager class for ``eager``, :class:`TritonRealformerMultiheadAttention` for ``triton``,
+    :class:`ConcatRealformerMultiheadAttention` with that value for ``concat`` and ``auto``),
+    and no module
     of another chain may be one; every ADMIN residual in
     ``model`` must have ``admin`` equal to ``settings.admin`` (and there must be some).
     Raises :class:`RealformerConfigError` naming the first disagreement.
@@ -85,10 +89,14 @@ def check_layers_match_settings(
                     f"the running {settings.residual_attention_mode}"
                 )
             impl = getattr(module, "residual_attention_impl", "eager")
-            route = built_route(settings.residual_attention_impl, chain) if got else impl
+            route = (
+                built_route(settings.residual_attention_impl, chain, settings.cpu) if got else impl
+            )
             if got and (
                 impl != route
-                or isinstance(module, ConcatRealformerMultiheadAttention) != (impl != "eager")
+                or isinstance(module, ConcatRealformerMultiheadAttention)
+                != (impl in ("concat", "auto"))
+                or isinstance(module, TritonRealformerMultiheadAttention) != (impl == "triton")
             ):
                 raise RealformerConfigError(
                     f"{model_name} disagrees with its config: chain '{chain}' layer {idx} "

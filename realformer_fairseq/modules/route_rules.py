@@ -17,12 +17,23 @@ torch minor version and the dtypes it was measured with, the chains it applies t
 measurement of ``studies.concat_rule``: time of the first D layers fused, the rest eager,
 against all eager). Its ``source`` says which measurement. An unmeasured device, torch
 version or dtype runs eager.
+
+The triton route (``--residual-attention-impl triton``,
+:mod:`~realformer_fairseq.modules.triton_route`) has its own table, :data:`TRITON_RULES`:
+``auto`` builds it for a chain only where a :class:`TritonRule` measured on that device says
+it wins. The table is empty: the triton route is not measured on a GPU yet, so ``auto`` never
+builds it.
+
+A model built for the CPU (fairseq's ``--cpu``, :attr:`RealformerSettings.cpu`) reads no
+rule: the lookup never touches CUDA for it (issue 46), even on a machine with a GPU.
 """
 
 import dataclasses
 from typing import Optional, Tuple
 
 import torch
+
+from ..settings import triton_installed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,20 +72,41 @@ CONCAT_RULES: Tuple[ConcatRule, ...] = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class TritonRule:
+    """One measured row for the triton route: ``auto`` builds the triton route for the
+    ``chains`` on this device and torch, and runs it in the measured ``dtypes`` (the eager
+    route in any other dtype). ``source`` names the measurement (``studies/gpu_check.py``
+    part 4 and its JSON in docs/benchmarks/)."""
+
+    device_name: str  # substring of torch.cuda.get_device_name()
+    capability: Tuple[int, int]  # torch.cuda.get_device_capability()
+    torch_version: str  # "major.minor" of the torch build measured
+    dtypes: Tuple[torch.dtype, ...]
+    chains: Tuple[str, ...]  # of settings.RESIDUAL_CHAINS
+    source: str
+
+
+# Not measured on a GPU: no row, so ``auto`` never builds the triton route. A row is added
+# only from a gpu_check run on that device in which the triton route wins against the eager
+# route and fairseq's transformer (docs/benchmarks.md, "The triton route").
+TRITON_RULES: Tuple[TritonRule, ...] = ()
+
+
 def torch_minor_version(version: Optional[str] = None) -> str:
     """``"2.11.0+cu130"`` -> ``"2.11"`` (default: this process's torch)."""
     version = torch.__version__ if version is None else version
     return ".".join(version.split("+")[0].split(".")[:2])
 
 
-def rule_for_this_machine(chain: str) -> Optional[ConcatRule]:
-    """The rule of ``chain`` for the first CUDA device of this process, or None (then ``auto``
-    builds the eager route). Read once, when a model is built."""
-    if not torch.cuda.is_available():
+def _matching_rule(rules, chain: str, cpu: bool):
+    """The first of ``rules`` for ``chain`` on the first CUDA device of this process, or None;
+    None without asking CUDA anything but whether it is there for a CPU build (``cpu``)."""
+    if cpu or not rules or not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name(0)
     capability = tuple(torch.cuda.get_device_capability(0))
-    for rule in CONCAT_RULES:
+    for rule in rules:
         if (
             chain in rule.chains
             and rule.device_name in name
@@ -85,10 +117,29 @@ def rule_for_this_machine(chain: str) -> Optional[ConcatRule]:
     return None
 
 
-def built_route(impl: str, chain: str) -> str:
+def rule_for_this_machine(chain: str, cpu: bool = False) -> Optional[ConcatRule]:
+    """The concat rule of ``chain`` for the first CUDA device of this process, or None (then
+    ``auto`` builds the eager route); always None for a model built for the CPU (``cpu``:
+    fairseq's ``--cpu``), without touching CUDA. Read once, when a model is built."""
+    return _matching_rule(CONCAT_RULES, chain, cpu)
+
+
+def triton_rule_for_this_machine(chain: str, cpu: bool = False) -> Optional[TritonRule]:
+    """The triton rule of ``chain`` on this machine's GPU, or None (always, until
+    :data:`TRITON_RULES` has a measured row; always for a CPU build)."""
+    return _matching_rule(TRITON_RULES, chain, cpu)
+
+
+def built_route(impl: str, chain: str, cpu: bool = False) -> str:
     """The route a residual ``chain``'s modules are built with for ``--residual-attention-impl
-    impl`` on this machine: ``"eager"`` (the plain module), ``"concat"``, or ``"auto"`` (the
-    concat module running its measured rule)."""
-    if impl == "auto" and rule_for_this_machine(chain) is None:
+    impl`` on this machine (``cpu``: the model is built for the CPU, fairseq's ``--cpu``):
+    ``"eager"`` (the plain module), ``"concat"``, ``"triton"``, or ``"auto"`` (the concat
+    module running its measured rule). ``auto`` builds the triton route only where a measured
+    triton rule matches (none yet) and triton is installed."""
+    if impl != "auto":
+        return impl
+    if triton_rule_for_this_machine(chain, cpu) is not None and triton_installed():
+        return "triton"
+    if rule_for_this_machine(chain, cpu) is None:
         return "eager"
     return impl

@@ -1,0 +1,240 @@
+"""The triton route of residual attention: ``--residual-attention-impl triton``.
+
+He, Ravula, Kanagal, Ainslie. "RealFormer: Transformer Likes Residual Attention" (arXiv
+2012.11747). Layer ``l`` attends with ``softmax(S_l + mask)`` (``S_l / (l + 1)`` for the
+running mean), ``S_l = S_{l-1} + Q_l K_l^T / sqrt(d)``, and hands the float32 stream ``S_l``
+on. The eager route (:class:`RealformerMultiheadAttention`) runs that as six to eight kernels
+per layer and keeps the stream, the probabilities and the dropout mask of every layer for
+backward. This route runs it as one fused Triton kernel per layer
+(:func:`realformer_fairseq.modules.triton_attention.residual_attention`): it reads the previous
+stream, writes the new one, and keeps only q, k, v, the output, the log-sum-exp and the
+streams; its backward reads the stream once and regenerates the attention dropout mask from
+its counter-based RNG.
+
+``triton`` is an optional extra (``pip install -e '.[triton]'``; CUDA builds of torch ship it).
+Nothing imports it before a model with this route is built: this module does not, and
+:func:`kernel_module` imports the kernels when the module is built (a missing triton is then
+one :class:`~realformer_fairseq.errors.RealformerConfigError` line, as the settings reader says
+before any build).
+
+The calls the kernel does not serve run the eager route, with the same weights and the same
+values in and out, each reason said once per process at WARNING (and every change of what a
+module runs at debug level, as the concat route does): incremental decoding (fairseq's
+``incremental_state``, beam search), the attention probabilities asked for (``need_weights``
+/ ``need_head_weights``: alignment, ``--print-alignment``), cross-attention keys shared by the
+beams (fairseq's ``set_beam_size``), an attention mask that needs a gradient, CPU tensors
+without Triton's interpreter (``TRITON_INTERPRET=1``), and a TorchScript model (said when it
+is scripted). The kernel draws its own attention dropout mask (the distribution of the eager
+route's, not the same draw); the dropout probability is the module's, applied where fairseq's
+``FairseqDropout`` applies it (training, or ``--retain-dropout`` at inference).
+"""
+
+import logging
+import os
+from typing import Dict, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from ..errors import RealformerConfigError
+from ..settings import TRITON_INSTALL, triton_installed
+from .residual_attention import RealformerMultiheadAttention
+from .route_rules import TritonRule
+
+logger = logging.getLogger(__name__)
+
+# the reasons for the eager route already said at WARNING in this process
+_WARNED = set()
+
+FUSED = "fused Triton kernel"
+
+
+def kernel_module():
+    """:mod:`realformer_fairseq.modules.triton_attention` (which imports triton), imported
+    here on first use; a missing or broken triton is one :class:`RealformerConfigError` line."""
+    if not triton_installed():
+        raise RealformerConfigError(
+            "--residual-attention-impl triton needs the triton package, which is not installed "
+            f"in this Python: {TRITON_INSTALL}"
+        )
+    try:
+        from . import triton_attention
+    except ImportError as err:
+        raise RealformerConfigError(
+            f"--residual-attention-impl triton: importing triton failed ({err}); {TRITON_INSTALL}"
+        ) from err
+    return triton_attention
+
+
+def warn_once(reason: str):
+    """The one WARNING line per process of a reason that keeps this route off the kernel."""
+    if reason not in _WARNED:
+        _WARNED.add(reason)
+        logger.warning(
+            "--residual-attention-impl triton: runs the eager route where %s "
+            "(said once per process)",
+            reason,
+        )
+
+
+class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
+    """:class:`RealformerMultiheadAttention` whose attention runs in one fused Triton kernel
+    (see the module docstring): the same constructor (plus ``rule``), the same ``forward``
+    call and the same five values (``attn``, ``attn_weights``, ``attn_scores``, None, None),
+    the same projections (``_project_heads``) and output projection (``_merge_heads``).
+
+    ``rule``: a measured :class:`~realformer_fairseq.modules.route_rules.TritonRule` where
+    ``--residual-attention-impl auto`` built this route (the kernel runs in its dtypes only);
+    None for an explicit ``triton``."""
+
+    def __init__(
+        self,
+        embed_dim,
+        num_heads,
+        residual_attention_mode: str,
+        rule: Optional[TritonRule] = None,
+        **kwargs,
+    ):
+        super().__init__(embed_dim, num_heads, residual_attention_mode, **kwargs)
+        kernel_module()  # at build time: a missing triton stops the build, not the first batch
+        self.residual_attention_impl = "triton"
+        # plain attributes (TorchScript reads no module globals; it never runs the kernel)
+        self.rule_dtypes = [str(d) for d in rule.dtypes] if rule is not None else []
+        # what the last forward ran, in a list for the same reason as _calls
+        self._last_kernel = [""]
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Optional[Tensor],
+        value: Optional[Tensor],
+        key_padding_mask: Optional[Tensor] = None,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
+        need_weights: bool = True,
+        static_kv: bool = False,
+        attn_mask: Optional[Tensor] = None,
+        before_softmax: bool = False,
+        need_head_weights: bool = False,
+        prev_attn_scores: Optional[Tensor] = None,
+        layer_idx: int = 0,
+        prev_attn_queries: Optional[Tensor] = None,
+        prev_attn_keys: Optional[Tensor] = None,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        """As :meth:`RealformerMultiheadAttention.forward`: ``(attn, attn_weights,
+        attn_scores, None, None)``; ``attn_weights`` is None on the kernel (it runs only where
+        no weights are asked for)."""
+        if prev_attn_queries is not None or prev_attn_keys is not None:
+            raise ValueError("the triton route carries no concatenated queries and keys")
+        if before_softmax:
+            raise ValueError("use the returned attn_scores instead of before_softmax")
+        if need_head_weights:
+            need_weights = True
+        if not torch.jit.is_scripting():
+            self._calls[0] += 1
+        tgt_len, bsz, embed_dim = query.size()
+        assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
+        q, k, v, key_padding_mask, kv_bsz = self._project_heads(
+            query, key, value, key_padding_mask, incremental_state, static_kv
+        )
+        if not torch.jit.is_scripting():
+            reason = self._why_eager(q, bsz, kv_bsz, incremental_state, need_weights, attn_mask)
+            self._log_route(reason, layer_idx)
+            if reason == "":
+                attn, attn_scores = self._fused(
+                    q, k, v, prev_attn_scores, key_padding_mask, attn_mask, layer_idx
+                )
+                return self._merge_heads(attn, tgt_len, bsz), None, attn_scores, None, None
+        raw_scores = self._raw_scores(q, k, bsz, kv_bsz)
+        attn_scores = self._add_to_stream(raw_scores, prev_attn_scores)
+        attn, attn_weights = self._attend_stream(
+            attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
+            need_weights, need_head_weights,
+        )  # fmt: skip
+        return attn, attn_weights, attn_scores, None, None
+
+    @torch.jit.unused
+    def _why_eager(
+        self,
+        q: Tensor,
+        bsz: int,
+        kv_bsz: int,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+        need_weights: bool,
+        attn_mask: Optional[Tensor],
+    ) -> str:
+        """Why this call runs the eager route ("" where the kernel runs)."""
+        if incremental_state is not None:
+            return "decoding incrementally (incremental_state)"
+        if need_weights:
+            return "the attention probabilities are asked for (need_weights)"
+        if bsz != kv_bsz:
+            return "the beams share the encoder's keys (set_beam_size)"
+        if attn_mask is not None and attn_mask.requires_grad:
+            return "the attention mask needs a gradient"
+        if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
+            return "tensors are on the CPU without Triton's interpreter (TRITON_INTERPRET=1)"
+        if self.rule_dtypes and str(q.dtype) not in self.rule_dtypes:
+            return f"auto: {q.dtype} is not a dtype of its measured triton rule"
+        return ""
+
+    @torch.jit.unused
+    def _fused(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        prev_attn_scores: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        layer_idx: int,
+    ) -> Tuple[Tensor, Tensor]:
+        """The kernel: ``(attn (bsz*heads, tgt_len, head_dim) in q's dtype, the new stream)``."""
+        dropout_p = 0.0
+        dropout = self.dropout_module
+        if dropout.p > 0 and (dropout.training or dropout.apply_during_inference):
+            dropout_p = float(dropout.p)  # where FairseqDropout.forward would drop
+        divisor = float(layer_idx + 1) if self.residual_attention_mode == "mean" else 1.0
+        stream_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        if attn_mask is not None:  # the eager route's finite fill (-inf, -1e8 -> -1e30)
+            attn_mask = attn_mask.to(stream_dtype).clamp(min=self.mask_value)
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.to(torch.bool)
+        if prev_attn_scores is not None:
+            expected = (q.size(0), q.size(1), k.size(1))
+            if tuple(prev_attn_scores.shape) != expected:
+                raise ValueError(
+                    "residual attention chain mismatch: previous layer scores "
+                    f"{list(prev_attn_scores.shape)} vs this layer's {list(expected)} "
+                    "(bsz*heads, tgt_len, src_len); all layers of a chain need the same number "
+                    "of heads"
+                )
+            prev_attn_scores = prev_attn_scores.to(stream_dtype)
+        return kernel_module().residual_attention(
+            q, k, v, prev_attn_scores, key_padding_mask, attn_mask, self.num_heads,
+            divisor, dropout_p, mask_value=self.mask_value,
+        )  # fmt: skip
+
+    @torch.jit.unused
+    def _log_route(self, reason: str, layer_idx: int):
+        """One debug line each time what this module runs changes; the eager route's reason
+        once per process at WARNING."""
+        what = f"eager, because {reason}" if reason else FUSED
+        if what != self._last_kernel[0]:
+            self._last_kernel[0] = what
+            logger.debug(
+                "residual attention, triton route, layer %d of its chain: %s", layer_idx, what
+            )
+        if reason:
+            warn_once(reason)
+
+    def __prepare_scriptable__(self):
+        """``torch.jit.script`` calls this before scripting: the scripted model runs the eager
+        route (the kernel is Python), said once."""
+        warn_once("the model is scripted (TorchScript)")
+        self._last_kernel[0] = "eager, because the model is scripted (TorchScript)"
+        return self
+
+    @property
+    def last_kernel(self) -> str:
+        """What the last forward ran (``"fused Triton kernel"`` or ``"eager, because ..."``)."""
+        return self._last_kernel[0]
