@@ -1,0 +1,499 @@
+"""The triton route of residual attention (``--residual-attention-impl triton``) computes what
+the eager route computes: RealFormer's (He et al. 2020, arXiv 2012.11747) layer-l softmax over
+the running sum (or mean) of raw scores, with the stream in and out of one fused kernel per
+layer. Every chain (encoder, decoder self with the causal mask, cross, the LM's causal chain,
+the encoder-only model), both modes, padding; the calls that run the eager route instead (each
+reason said once); the dropout probability the kernel is given; what happens without triton
+(one line; CPU paths never import it); the build check; ``auto`` never building it unmeasured.
+
+Each model-level comparison runs twice: with ``torch`` (a pure-torch stand-in of
+``triton_attention.residual_attention``, written here from the eager formula, so that the
+route's own wiring is tested without triton) and with ``triton`` (the real kernels under
+Triton's interpreter on this CPU, ``TRITON_INTERPRET=1``; skipped where triton is not
+installed, e.g. the default venv: ``pip install -e '.[triton]'``, or ``.ci/run``'s triton job).
+"""
+
+import logging
+import math
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from harness import (
+    NO_DROPOUT,
+    beam_decode_with_reordering,
+    build_translation_model,
+    fairseq_command,
+    fairseq_preprocess,
+    multi30k_lines,
+    parse_train_losses,
+    random_batch,
+    run,
+    translation_train_args,
+    write_lines,
+)
+from test_concat_route import assert_grads_equal
+
+from realformer_fairseq import settings
+from realformer_fairseq.errors import RealformerConfigError
+from realformer_fairseq.models.build_checks import check_layers_match_settings
+from realformer_fairseq.modules import route_rules, triton_route
+from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.triton_route import TritonRealformerMultiheadAttention
+from realformer_fairseq.settings import RealformerSettings, read_realformer_settings
+
+TRITON = settings.triton_installed()
+NO_TRITON = "triton is not installed here (pip install -e '.[triton]'; .ci/run's triton job)"
+if TRITON:
+    # Triton reads it when a kernel is defined (the kernel module's import): CPU tensors run
+    # in its interpreter
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+FUSED = "fused Triton kernel"
+EXACT = dict(rtol=1e-12, atol=1e-13)  # float64, the stand-in: the eager formula's order
+CLOSE = dict(rtol=1e-9, atol=1e-10)  # float64, the kernel: blocked online softmax
+MISSING_LINE = (
+    "--residual-attention-impl triton needs the triton package, which is not installed in this "
+    "Python: pip install -e '.[triton]' in the clone (CUDA builds of torch ship triton)"
+)
+
+
+def torch_residual_attention(
+    q, k, v, prev_attn_scores, key_padding_mask, attn_mask, num_heads, softmax_divisor,
+    dropout_p, mask_value=-1e30,
+):  # fmt: skip
+    """The kernel's contract in plain torch (the eager route's formula): the new stream
+    ``prev + q k^T`` (float32, float64 for float64), the softmax of ``stream / divisor`` plus the
+    masks (fill ``mask_value``), attention dropout, times ``v``."""
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    stream = torch.bmm(q, k.transpose(1, 2)).to(dtype)
+    if prev_attn_scores is not None:
+        stream = stream + prev_attn_scores
+    logits = stream / softmax_divisor
+    if attn_mask is not None:
+        logits = logits + attn_mask.to(dtype).clamp(min=mask_value)
+    if key_padding_mask is not None:
+        bh, tgt_len, src_len = logits.shape
+        padding = key_padding_mask.view(-1, 1, 1, src_len)
+        logits = logits.view(-1, num_heads, tgt_len, src_len).masked_fill(padding, mask_value)
+        logits = logits.view(bh, tgt_len, src_len)
+    probs = F.dropout(torch.softmax(logits, dim=-1), dropout_p, training=True)
+    return torch.bmm(probs.to(v.dtype), v), stream
+
+
+@pytest.fixture(params=["torch", "triton"])
+def kernel(request, monkeypatch):
+    """The route's kernel: the stand-in (its calls recorded in ``.calls``) or the real one."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    triton_route._WARNED.clear()
+    if request.param == "triton":
+        if not TRITON:
+            pytest.skip(NO_TRITON)
+        return types.SimpleNamespace(name="triton", calls=[], tolerance=CLOSE)
+    calls = []
+
+    def recorded(*args, **kwargs):
+        calls.append(dict(divisor=args[7], dropout_p=args[8], **kwargs))
+        return torch_residual_attention(*args, **kwargs)
+
+    stand_in = types.ModuleType("triton_attention_stand_in")
+    stand_in.residual_attention = recorded
+    monkeypatch.setattr(triton_route, "kernel_module", lambda: stand_in)
+    monkeypatch.setattr(settings, "triton_installed", lambda: True)
+    return types.SimpleNamespace(name="torch", calls=calls, tolerance=EXACT)
+
+
+def triton_pair(arch="realformer_tiny", **overrides):
+    """The eager route's model and the triton route's, float64, with the same weights."""
+    models = []
+    for route in ("eager", "triton"):
+        torch.manual_seed(0)
+        model, dictionary = build_translation_model(
+            arch, init_type="default", residual_attention_impl=route, **overrides
+        )
+        models.append(model.double())
+    models[1].load_state_dict(models[0].state_dict())
+    return models[0], models[1], dictionary
+
+
+def triton_modules(model):
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, TritonRealformerMultiheadAttention)
+    }
+
+
+def warnings_of(caplog):
+    """The route's WARNING lines."""
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name == triton_route.logger.name
+    ]
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_training_forward_and_gradients_equal_the_eager_route_on_all_three_chains(kernel, mode):
+    eager, routed, dictionary = triton_pair(
+        residual_attention_mode=mode, encoder_layers=3, decoder_layers=3, **NO_DROPOUT
+    )
+    src, src_lengths, tgt = random_batch(dictionary, bsz=3, src_len=7, tgt_len=6)
+    assert src.eq(dictionary.pad()).any() and tgt.eq(dictionary.pad()).any()
+    weight = torch.randn(3, 6, len(dictionary), dtype=torch.float64)
+    outputs = []
+    for model in (eager, routed):
+        model.train()
+        out, extra = model(src, src_lengths, tgt)
+        (out * weight).sum().backward()
+        outputs.append((out, extra["attn"][0]))
+    torch.testing.assert_close(outputs[1][0], outputs[0][0], **kernel.tolerance)
+    torch.testing.assert_close(outputs[1][1], outputs[0][1], **kernel.tolerance)  # alignment
+    assert_grads_equal(eager, routed)
+    kernels = {name: m.last_kernel for name, m in triton_modules(routed).items()}
+    assert len(kernels) == 9
+    # the alignment layer's cross-attention returns its probabilities: eager, by design
+    assert kernels.pop("decoder.layers.2.encoder_attn") == (
+        "eager, because the attention probabilities are asked for (need_weights)"
+    )
+    assert set(kernels.values()) == {FUSED}
+    if kernel.name == "torch":  # 8 kernel calls in the forward; the running mean's divisors
+        divisors = [c["divisor"] for c in kernel.calls]
+        want = [1.0, 2.0, 3.0, 1.0, 1.0, 2.0, 2.0, 3.0] if mode == "mean" else [1.0] * 8
+        assert divisors == want
+        assert {c["dropout_p"] for c in kernel.calls} == {0.0}
+        assert {c["mask_value"] for c in kernel.calls} == {-1e30}
+
+
+def test_lm_causal_chain_with_padding_equals_the_eager_route(kernel):
+    from test_lm import build_lm, lm_task
+
+    task = lm_task()
+    models = []
+    for route in ("eager", "triton"):
+        model, _ = build_lm("realformer_lm_tiny", task=task, decoder_layers=3,
+                            residual_attention_impl=route, init_type="default", **NO_DROPOUT)  # fmt: skip
+        models.append(model.double().train())
+    models[1].load_state_dict(models[0].state_dict())
+    d = task.source_dictionary
+    g = torch.Generator().manual_seed(3)
+    tokens = torch.randint(d.nspecial, len(d), (3, 9), generator=g)
+    tokens[1, 6:] = d.pad()  # right padding: the decoder's self-attention padding mask
+    outs = []
+    for model in models:
+        out = model(tokens)[0]
+        out.square().sum().backward()
+        outs.append(out)
+    torch.testing.assert_close(outs[1], outs[0], **kernel.tolerance)
+    assert_grads_equal(*models)
+    assert {m.last_kernel for m in triton_modules(models[1]).values()} == {FUSED}
+
+
+def test_encoder_only_model_equals_the_eager_route(kernel):
+    from test_roberta import build_bert
+
+    flags = dict(dropout=0, attention_dropout=0, activation_dropout=0)
+    eager = build_bert("argparse", residual_attention_impl="eager", **flags).double().train()
+    routed = build_bert("argparse", residual_attention_impl="triton", **flags).double().train()
+    routed.load_state_dict(eager.state_dict())
+    d = routed.encoder.dictionary
+    g = torch.Generator().manual_seed(4)
+    tokens = torch.randint(d.nspecial, len(d), (3, 12), generator=g)
+    tokens[2, 8:] = d.pad()
+    outs = []
+    for model in (eager, routed):
+        out = model(tokens)[0]
+        out.square().sum().backward()
+        outs.append(out)
+    torch.testing.assert_close(outs[1], outs[0], **kernel.tolerance)
+    assert_grads_equal(eager, routed)
+    assert {m.last_kernel for m in triton_modules(routed).values()} == {FUSED}
+
+
+def test_incremental_decoding_runs_the_eager_route_and_says_so_once(kernel, caplog):
+    eager, routed, dictionary = triton_pair(
+        residual_attention_mode="mean", encoder_layers=3, decoder_layers=3, **NO_DROPOUT
+    )
+    src, src_lengths, _ = random_batch(dictionary, bsz=3, src_len=8, pad_rows=(0, 2))
+    results = []
+    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.triton_route"):
+        for model in (eager, routed, routed):
+            model.eval()
+            results.append(
+                beam_decode_with_reordering(model, dictionary, src, src_lengths, beam=4, steps=5)
+            )
+    for got in results[1:]:
+        torch.testing.assert_close(got[0], results[0][0], **kernel.tolerance)
+        torch.testing.assert_close(got[1], results[0][1], **kernel.tolerance)
+    layer = routed.decoder.layers[0]
+    assert routed.encoder.layers[0].self_attn.last_kernel == FUSED
+    assert layer.self_attn.last_kernel == FUSED  # the full forward at the end, no state
+    assert warnings_of(caplog) == [
+        "--residual-attention-impl triton: runs the eager route where decoding incrementally "
+        "(incremental_state) (said once per process)",
+        # the full forward's cross-attention (fairseq's need_attn in evaluation)
+        "--residual-attention-impl triton: runs the eager route where the attention "
+        "probabilities are asked for (need_weights) (said once per process)",
+    ]
+
+
+def test_keys_shared_by_the_beams_run_the_eager_route(kernel, caplog):
+    """fairseq's set_beam_size (see the concat route's test): cross-attention keys once per
+    sentence, a call the kernel does not take."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    eager, routed, dictionary = triton_pair(residual_attention_mode="mean", **NO_DROPOUT)
+    src, src_lengths, tgt = random_batch(dictionary, bsz=2, src_len=8, pad_rows=(1,))
+    sample = {"net_input": {"src_tokens": src, "src_lengths": src_lengths}}
+    hypos = []
+    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.triton_route"):
+        for model in (eager, routed):
+            model.eval()
+            model.make_generation_fast_(need_attn=False)
+            model.decoder.set_beam_size(3)
+            generator = SequenceGenerator([model], dictionary, beam_size=3, max_len_b=6)
+            hypos.append(generator.forward(sample))
+        # without incremental state: a full forward of the beams against shared keys
+        expand = torch.arange(2).repeat_interleave(3)
+        prev = tgt[expand]
+        want = eager(src[expand], src_lengths[expand], prev)[0]
+        got = routed(src[expand], src_lengths[expand], prev)[0]
+    torch.testing.assert_close(got, want, **kernel.tolerance)
+    for a, b in zip(*hypos):
+        for x, y in zip(a, b):
+            assert torch.equal(x["tokens"], y["tokens"])
+    assert routed.decoder.layers[0].encoder_attn.last_kernel == (
+        "eager, because the beams share the encoder's keys (set_beam_size)"
+    )
+    assert "where the beams share the encoder's keys (set_beam_size)" in "".join(
+        warnings_of(caplog)
+    )
+
+
+def test_torchscript_runs_the_eager_route_and_says_so(kernel, caplog):
+    eager, routed, dictionary = triton_pair(residual_attention_mode="mean", **NO_DROPOUT)
+    src, src_lengths, tgt = random_batch(dictionary)
+    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.triton_route"):
+        scripted = torch.jit.script(routed.eval())
+    assert warnings_of(caplog) == [
+        "--residual-attention-impl triton: runs the eager route where the model is scripted "
+        "(TorchScript) (said once per process)"
+    ]
+    with torch.no_grad():
+        want = eager.eval()(src, src_lengths, tgt)[0]
+        jit = scripted(src, src_lengths, tgt)[0]
+    torch.testing.assert_close(jit, want, **EXACT)  # the eager route's own code
+
+
+def test_cpu_tensors_without_the_interpreter_and_masks_with_a_gradient_run_eager(
+    kernel, monkeypatch
+):
+    torch.manual_seed(0)
+    m = TritonRealformerMultiheadAttention(
+        16, 4, residual_attention_mode="sum", self_attention=True
+    ).double()
+    x = torch.randn(5, 2, 16, dtype=torch.float64)
+    mask = torch.zeros(5, 5, dtype=torch.float64, requires_grad=True)
+    m(x, x, x, attn_mask=mask, need_weights=False)
+    assert m.last_kernel == "eager, because the attention mask needs a gradient"
+    m(x, x, x, need_weights=False)
+    assert m.last_kernel == FUSED
+    monkeypatch.delenv("TRITON_INTERPRET")
+    m(x, x, x, need_weights=False)
+    assert m.last_kernel == (
+        "eager, because tensors are on the CPU without Triton's interpreter (TRITON_INTERPRET=1)"
+    )
+
+
+def test_the_kernel_gets_the_dropout_that_fairseqs_dropout_would_apply(kernel):
+    """Training: the module's attention dropout; evaluation: none; evaluation with fairseq's
+    --retain-dropout (FairseqDropout.apply_during_inference): the module's again."""
+    if kernel.name != "torch":
+        pytest.skip("reads the stand-in's recorded calls")
+    torch.manual_seed(0)
+    m = TritonRealformerMultiheadAttention(
+        16, 4, residual_attention_mode="sum", self_attention=True, dropout=0.3
+    )
+    x = torch.randn(5, 2, 16)
+    m.train()(x, x, x, need_weights=False)
+    m.eval()(x, x, x, need_weights=False)
+    m.dropout_module.make_generation_fast_("attention", retain_dropout=True)
+    m.eval()(x, x, x, need_weights=False)
+    assert [c["dropout_p"] for c in kernel.calls] == [0.3, 0.0, 0.3]
+    assert m.last_kernel == FUSED
+
+
+# ---------------------------------------------------------------- without triton
+
+
+def test_without_triton_the_route_is_one_config_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "triton", None)  # Python's way to block an import
+    assert not settings.triton_installed()
+    base = {"residual_attention": "all", "residual_attention_mode": "sum", "init_type": "admin"}
+    with pytest.raises(RealformerConfigError) as err:
+        read_realformer_settings(dict(base, residual_attention_impl="triton"))
+    assert str(err.value) == MISSING_LINE
+    with pytest.raises(RealformerConfigError) as err:
+        triton_route.kernel_module()
+    assert str(err.value) == MISSING_LINE
+    with pytest.raises(RealformerConfigError, match="needs the triton package"):
+        build_translation_model("realformer_tiny", residual_attention_impl="triton")
+
+
+# the plugin imported and models of every other route built (the CPU paths), recording every
+# attempt to find or import triton
+NO_TRITON_IMPORT = textwrap.dedent("""
+    import sys
+
+    class Recorder:
+        seen = []
+
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "triton":
+                self.seen.append(name)
+            return None
+
+    sys.meta_path.insert(0, Recorder())
+    sys.path.insert(0, sys.argv[1])
+    from harness import build_translation_model
+
+    import realformer_fairseq  # noqa: F401
+    from realformer_fairseq.models import build_checks  # noqa: F401
+    from realformer_fairseq.modules import triton_route  # noqa: F401
+
+    for impl in ("eager", "concat", "auto"):
+        model, _ = build_translation_model("realformer_tiny", residual_attention_impl=impl)
+    print("triton:", Recorder.seen, sorted(m for m in sys.modules if m.startswith("triton")))
+    """)
+
+
+def test_cpu_paths_never_import_triton():
+    tests_dir = os.path.dirname(os.path.abspath(__file__))
+    out = run([sys.executable, "-c", NO_TRITON_IMPORT, tests_dir], timeout=300)
+    assert out.strip().splitlines()[-1] == "triton: [] []"
+
+
+@pytest.fixture(scope="module")
+def tiny_bin(tmp_path_factory):
+    """A data-bin of 48 short Multi30k pairs (raw words), for a few updates."""
+    root = tmp_path_factory.mktemp("triton_route")
+    raw = root / "raw"
+    raw.mkdir()
+    for lang in ("en", "fr"):
+        lines = [line for line in multi30k_lines(lang, "train", 0, 400)]
+        write_lines(raw / f"train.{lang}", lines[:48])
+        write_lines(raw / f"valid.{lang}", lines[48:56])
+    data_bin = root / "data-bin"
+    fairseq_preprocess(
+        ["--source-lang", "en", "--target-lang", "fr", "--trainpref", raw / "train",
+         "--validpref", raw / "valid", "--destdir", data_bin, "--joined-dictionary",
+         "--workers", "1"]
+    )  # fmt: skip
+    return data_bin
+
+
+def test_fairseq_train_without_triton_stops_with_one_line(tiny_bin, tmp_path):
+    """fairseq-train as a user types it, in a Python where triton cannot be imported."""
+    blocked = (
+        "import sys; sys.modules['triton'] = None; sys.argv[0] = 'fairseq-train'; "
+        "from fairseq_cli.train import cli_main; cli_main()"
+    )
+    args = translation_train_args(tiny_bin, tmp_path / "ck", max_update=1,
+                                  extra=["--residual-attention-impl", "triton"])  # fmt: skip
+    proc = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
+    assert errors == [f"realformer_fairseq: error: {MISSING_LINE}"]
+
+
+# ---------------------------------------------------------------- build check and auto
+
+
+def settings_with(impl):
+    return RealformerSettings(
+        residual_chains=frozenset({"encoder", "decoder", "cross"}),
+        residual_attention_mode="mean",
+        residual_attention_impl=impl,
+        init_type="default",
+        admin_profile_out=None,
+    )
+
+
+def test_the_build_check_refuses_a_model_of_another_route(kernel):
+    from test_build_paths import attention_chains
+
+    eager, routed, _ = triton_pair()
+    check_layers_match_settings(settings_with("triton"), attention_chains(routed), routed)
+    for model, impl, message in (
+        (eager, "triton", "has RealformerMultiheadAttention with the eager route, the config "
+         "asks for --residual-attention-impl triton, which builds the triton route"),
+        (routed, "eager", "has TritonRealformerMultiheadAttention with the triton route, the "
+         "config asks for --residual-attention-impl eager, which builds the eager route"),
+        (routed, "auto", "has TritonRealformerMultiheadAttention with the triton route, the "
+         "config asks for --residual-attention-impl auto, which builds the eager route"),
+    ):  # fmt: skip
+        with pytest.raises(RealformerConfigError, match="chain 'encoder' layer 0 " + message):
+            check_layers_match_settings(settings_with(impl), attention_chains(model), model)
+
+
+def test_auto_never_builds_the_triton_route_until_a_measurement_exists(kernel, monkeypatch):
+    from test_concat_route import pretend_gpu
+
+    assert route_rules.TRITON_RULES == ()
+    assert "not measured on a GPU" in route_rules.__doc__
+    for gpu in (dict(), dict(name="NVIDIA H100 80GB HBM3"),
+                dict(name="NVIDIA A100-SXM4-80GB", capability=(8, 0))):  # fmt: skip
+        pretend_gpu(monkeypatch, **gpu)
+        for chain in settings.RESIDUAL_CHAINS:
+            assert route_rules.built_route("auto", chain) != "triton"
+    # a measured row (made up here) is what would make auto build it, in its dtypes only
+    pretend_gpu(monkeypatch, name="NVIDIA H100 80GB HBM3")
+    row = route_rules.TritonRule(
+        device_name="H100", capability=(9, 0), torch_version="2.11", dtypes=(torch.float16,),
+        chains=("encoder",), source="made up for this test",
+    )  # fmt: skip
+    monkeypatch.setattr(route_rules, "TRITON_RULES", (row,))
+    monkeypatch.setattr(route_rules, "triton_installed", lambda: True)
+    assert [route_rules.built_route("auto", c) for c in settings.RESIDUAL_CHAINS] == [
+        "triton", "eager", "eager"
+    ]  # fmt: skip
+    assert route_rules.built_route("auto", "encoder", cpu=True) == "eager"
+    model, dictionary = build_translation_model("realformer_tiny", **NO_DROPOUT)
+    first = model.encoder.layers[0].self_attn
+    assert type(first) is TritonRealformerMultiheadAttention
+    assert type(model.decoder.layers[0].self_attn) is RealformerMultiheadAttention
+    src, src_lengths, tgt = random_batch(dictionary)
+    model(src, src_lengths, tgt)  # float32: not a measured dtype
+    assert first.last_kernel == (
+        "eager, because auto: torch.float32 is not a dtype of its measured triton rule"
+    )
+
+
+# ---------------------------------------------------------------- fairseq-train
+
+
+@pytest.mark.skipif(not TRITON, reason=NO_TRITON)
+def test_fairseq_train_with_the_triton_route_logs_the_losses_of_the_eager_route(tiny_bin, tmp_path):
+    """A real fairseq-train of realformer_tiny on CPU, the kernels under Triton's interpreter,
+    against the same command with the eager route: the same loss at every update (the log's
+    three decimals; dropout off, so that both compute the same function)."""
+    losses = {}
+    for impl in ("eager", "triton"):
+        args = translation_train_args(
+            tiny_bin, tmp_path / impl, max_update=4,
+            extra=["--residual-attention-impl", impl, "--dropout", "0", "--attention-dropout",
+                   "0", "--max-tokens", "400", "--no-save", "--disable-validation"],
+        )  # fmt: skip
+        out = run([fairseq_command("fairseq-train"), *args], env={"TRITON_INTERPRET": "1"})
+        assert f"{impl} route of --residual-attention-impl {impl}" in out
+        losses[impl] = parse_train_losses(out)
+    assert len(losses["eager"]) == 4
+    assert all(math.isfinite(x) for x in losses["triton"])
+    assert losses["triton"] == pytest.approx(losses["eager"], abs=1.5e-3)
