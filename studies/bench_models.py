@@ -29,6 +29,7 @@ class Variant(NamedTuple):
 # the default, auto
 IMPL_EAGER = ("--residual-attention-impl", "eager")
 IMPL_CONCAT = ("--residual-attention-impl", "concat")
+IMPL_TRITON = ("--residual-attention-impl", "triton")
 
 VARIANTS = {
     "vanilla": Variant("transformer"),
@@ -38,6 +39,11 @@ VARIANTS = {
     "realformer_concat": Variant("realformer_transformer", IMPL_CONCAT),
     "postln": Variant("postln_transformer_tiny"),
     "admin": Variant("admin_transformer_tiny"),
+}
+# variants that need an optional extra (triton: pip install -e '.[triton]'), so not in the CPU
+# benchmark's default set; studies.gpu_check measures them where the extra is installed
+OPTIONAL_VARIANTS = {
+    "realformer_triton": Variant("realformer_transformer", IMPL_TRITON),
 }
 
 
@@ -142,7 +148,7 @@ class Bench:
         self, name: str, sizes: Dict, dictionary, beam: int = 5, device: str = "cpu",
         dtype: torch.dtype = torch.float32,
     ):  # fmt: skip
-        variant = VARIANTS[name]
+        variant = {**VARIANTS, **OPTIONAL_VARIANTS}[name]
         self.name, self.arch, self.flags = name, variant.arch, tuple(variant.flags)
         self.model, self.criterion = build(self.arch, sizes, dictionary, flags=self.flags)
         if variant.eager:

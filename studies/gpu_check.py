@@ -25,10 +25,15 @@ Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.
    matches this GPU and torch, eager elsewhere) against ``vanilla`` at 6L-6L d512 (head size
    64), fp16 and bf16, lengths 128, 512 and 2048; and the switch depth of
    ``studies.concat_rule`` (chains of 6 and 12 layers: time of the first D layers fused, the
-   rest eager, against all eager) with the SDPA kernel that ran.
+   rest eager, against all eager) with the SDPA kernel that ran. The triton route
+   (``realformer_triton``, ``--residual-attention-impl triton``): training words/s and peak
+   memory against ``vanilla`` and ``realformer_eager`` at lengths 32, 128, 512 and 2048, fp16
+   and bf16, and its output and gradient errors against the eager route in float64 (float32,
+   fp16, bf16; fails above ``route_precision.TOLERANCE``). Without triton this part is one
+   line and skipped; ``--smoke`` runs it under Triton's interpreter (``TRITON_INTERPRET=1``).
 
 Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 0 or
-part 1 fails. ``--smoke`` runs the same code on CPU at toy sizes (the default test suite runs
+part 1 or the triton route's precision fails. ``--smoke`` runs the same code on CPU at toy sizes (the default test suite runs
 its precision part; the whole smoke run is under ``-m slow``).
 
 Sizes, dtypes, lengths and the compared variants (``bench_models.VARIANTS``) are data in
@@ -52,6 +57,7 @@ from pathlib import Path
 import torch
 
 from realformer_fairseq.atomic_files import write_json_atomic
+from realformer_fairseq.settings import TRITON_INSTALL, triton_installed
 
 from . import concat_rule, route_precision
 from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
@@ -72,7 +78,10 @@ FULL = dict(
                 lengths=(128, 512, 2048), batch_tokens=8192, repeats=3, steps=2,
                 variants=("vanilla", "realformer_eager", "realformer_concat", "realformer"),
                 rule_layers=(6, 12), rule_lengths=(128, 512, 2048), rule_tokens=8192,
-                rule_heads=8, rule_head_dim=64, precision_length=64),
+                rule_heads=8, rule_head_dim=64, precision_length=64,
+                triton=dict(lengths=(32, 128, 512, 2048),
+                            variants=("vanilla", "realformer_eager", "realformer_triton"),
+                            precision_length=64)),
 )  # fmt: skip
 SMOKE = dict(
     FULL, corpora=("newstest2013",), max_lines=600, bpe_merges=100, max_update=20,
@@ -88,7 +97,10 @@ SMOKE = dict(
                 lengths=(8, 16), batch_tokens=64, repeats=1, steps=1,
                 variants=("vanilla", "realformer_eager", "realformer_concat", "realformer"),
                 rule_layers=(2,), rule_lengths=(8, 16), rule_tokens=64, rule_heads=2,
-                rule_head_dim=16, precision_length=8),
+                rule_head_dim=16, precision_length=8,
+                triton=dict(lengths=(8, 16),
+                            variants=("vanilla", "realformer_eager", "realformer_triton"),
+                            precision_length=8)),
 )  # fmt: skip
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -268,7 +280,28 @@ def routes_part(cfg) -> dict:
                 concat_rule.measure(length, args.head_dims[0], max(1, args.tokens // length), args)
                 for length in args.lengths
             ]
+    result["triton"] = triton_part(cfg)
     return result
+
+
+def triton_part(cfg) -> dict:
+    """Part 4's triton route (``--residual-attention-impl triton``): training words/s and peak
+    memory of ``realformer_triton`` and ``realformer_eager`` against ``vanilla`` at the routes'
+    size, fp16 and bf16, at ``cfg["routes"]["triton"]["lengths"]``; and its errors against the
+    eager route in float64 (``route_precision.triton_check``: outputs and gradients, float32,
+    fp16 and bf16), which fail the check above the tolerance. Without triton: one line, and
+    ``{"skipped": line}``."""
+    if not triton_installed():
+        line = f"triton route: skipped, triton is not installed ({TRITON_INSTALL})"
+        print(line, flush=True)
+        return {"skipped": line}
+    part = dict(cfg["routes"], **cfg["routes"]["triton"])
+    return {
+        "models": speed_part(cfg, part, generation=False),
+        "precision": route_precision.triton_check(
+            cfg["device"], list(route_precision.DTYPES), part["precision_length"]
+        ),
+    }
 
 
 def main(argv=None) -> int:
@@ -280,6 +313,10 @@ def main(argv=None) -> int:
                    default=["precision", "train", "speed", "routes"])  # fmt: skip
     args = p.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
+    if args.smoke and triton_installed():
+        # the triton route's kernels on CPU tensors: Triton's interpreter, which Triton reads
+        # when the kernels are defined (the route imports them when a model is built)
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     quiet_route_logs()
     if not args.smoke and not torch.cuda.is_available():
         p.error("no CUDA device; use --smoke for the CPU smoke run")
@@ -309,6 +346,9 @@ def main(argv=None) -> int:
     for name, row in routes.get("models", {}).items():
         for key, r in row["ratios"].items():
             print(f"| routes {name} | {key} | {r['train_wps']:.3f} | {r['peak_memory']:.3f} | - |")
+    for name, row in routes.get("triton", {}).get("models", {}).items():
+        for key, r in row["ratios"].items():
+            print(f"| triton {name} | {key} | {r['train_wps']:.3f} | {r['peak_memory']:.3f} | - |")
     for name, rows in routes.get("rule", {}).items():
         for r in rows:
             ratios = ", ".join(f"D={d}: {x:.2f}" for d, x in r["time_ratio_vs_eager"].items())
@@ -316,9 +356,14 @@ def main(argv=None) -> int:
                   f"({ratios}; {', '.join(r['concat_kernels'])})")  # fmt: skip
     if "precision" in report:
         print("\n".join(route_precision.summary_lines(report["precision"])))
+    triton = routes.get("triton", {})
+    if "precision" in triton:
+        print("\n".join(route_precision.triton_summary_lines(triton["precision"])))
     checks = dict(report.get("training", {}).get("checks", {}))
     if "precision" in report:
         checks["precision_of_both_routes_on_every_kernel"] = report["precision"]["passed"]
+    if "precision" in triton:
+        checks["precision_of_the_triton_route"] = triton["precision"]["passed"]
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'} {name}")
     print(f"wrote {args.out} in {report['wall_seconds']:.0f}s")

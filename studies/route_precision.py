@@ -72,6 +72,10 @@ def layer_of(route: str, case: str) -> RealformerMultiheadAttention:
         kwargs.update(self_attention=True)
     if route == "eager":
         return RealformerMultiheadAttention(EMBED, HEADS, **kwargs)
+    if route == "triton":  # imported here: the module's kernels need the optional triton
+        from realformer_fairseq.modules.triton_route import TritonRealformerMultiheadAttention
+
+        return TritonRealformerMultiheadAttention(EMBED, HEADS, **kwargs)
     return ConcatRealformerMultiheadAttention(
         EMBED, HEADS, residual_attention_impl="concat", **kwargs
     )
@@ -163,6 +167,91 @@ def check(device: str = "cpu", dtype_names: Optional[List[str]] = None, length: 
         report["dtypes"][dtype_name] = rows
     report["passed"] = bool(passed)
     return report
+
+
+def chain_and_gradients(layers, query, keys, attn_mask, padding):
+    """The chain's last output and the gradients of its inputs (the query, and the keys of
+    cross-attention) for a fixed random weighting of the output, detached."""
+    query = query.detach().requires_grad_()
+    keys = None if keys is None else keys.detach().requires_grad_()
+    out = run_chain(layers, query, keys, attn_mask, padding)
+    weight = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    (out.double() * weight.to(out.device)).sum().backward()
+    grads = [query.grad] + ([] if keys is None else [keys.grad])
+    return out.detach(), grads
+
+
+def batch_relative_errors(out: torch.Tensor, truth: torch.Tensor) -> Dict[str, float]:
+    """Per sequence: max |out - truth| / max |truth| over the whole batch (a gradient can be
+    zero for a whole sequence: a fully padded one's cross-attention output ignores its query)."""
+    scale = truth.abs().max()
+    errors = {}
+    for b, name in enumerate(SEQUENCES):
+        got, want = out[:, b].double().cpu(), truth[:, b]
+        ok = bool(torch.isfinite(got).all())
+        errors[name] = ((got - want).abs().max() / scale).item() if ok else float("inf")
+    return errors
+
+
+def triton_check(
+    device: str = "cpu", dtype_names: Optional[List[str]] = None, length: int = 16
+) -> Dict:
+    """The triton route (``--residual-attention-impl triton``) against the eager route in
+    float64 on CPU, in the chains and sequences of :func:`check`: per dtype and case, the
+    errors of the output and of the inputs' gradients (the kernel's backward) per sequence,
+    what ran, and ``passed`` (every error at most the dtype's tolerance, every layer on the
+    kernel). Needs triton; on CPU tensors, Triton's interpreter (``TRITON_INTERPRET=1``)."""
+    report: Dict = {"device": device, "length": length, "tolerance": TOLERANCE, "dtypes": {}}
+    passed = True
+    for dtype_name in dtype_names or list(DTYPES):
+        dtype, tol, rows = DTYPES[dtype_name], TOLERANCE[dtype_name], {}
+        for case in CASES:
+            torch.manual_seed(0)
+            reference = [layer_of("eager", case).double() for _ in range(LAYERS)]
+            query, keys, attn_mask, pad = inputs(case, length)
+            truth, truth_grads = chain_and_gradients(reference, query, keys, attn_mask, pad)
+            layers = []
+            for ref in reference:
+                m = layer_of("triton", case)
+                m.load_state_dict(ref.state_dict())
+                layers.append(m.to(device=device, dtype=dtype).eval())
+            args = [None if t is None else t.to(device=device, dtype=dtype)
+                    for t in (query, keys, attn_mask)]  # fmt: skip
+            out, grads = chain_and_gradients(layers, *args, pad.to(device))
+            gradient = {s: 0.0 for s in SEQUENCES}
+            for got, want in zip(grads, truth_grads):
+                for s, e in batch_relative_errors(got, want).items():
+                    gradient[s] = max(gradient[s], e)
+            ran = sorted({layer.last_kernel for layer in layers})
+            rows[case] = dict(output=relative_errors(out, truth), gradient=gradient, ran=ran)
+            errors = list(rows[case]["output"].values()) + list(gradient.values())
+            passed &= all(e <= tol for e in errors) and ran == ["fused Triton kernel"]
+        report["dtypes"][dtype_name] = rows
+    report["passed"] = bool(passed)
+    return report
+
+
+def triton_summary_lines(report: Dict) -> List[str]:
+    """One line per dtype: the triton route's largest output and gradient error per sequence."""
+    lines = []
+    for dtype_name, cases in report["dtypes"].items():
+        tol = report["tolerance"][dtype_name]
+        worst = {
+            part: {s: max(c[part][s] for c in cases.values()) for s in SEQUENCES}
+            for part in ("output", "gradient")
+        }
+        ran = sorted({k for c in cases.values() for k in c["ran"]})
+        bad = [e for part in worst.values() for e in part.values() if not e <= tol]
+        lines.append(
+            f"{'FAIL' if bad or ran != ['fused Triton kernel'] else 'PASS'} precision "
+            f"{dtype_name} triton route (tolerance {tol:g}): "
+            + "; ".join(
+                part + " " + ", ".join(f"{s} {e:.1e}" for s, e in errors.items())
+                for part, errors in worst.items()
+            )
+            + f"; ran: {'; '.join(ran)}"
+        )
+    return lines
 
 
 def summary_lines(report: Dict) -> List[str]:
