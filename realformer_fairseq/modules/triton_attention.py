@@ -6,7 +6,7 @@ writes the new stream (float32; float64 for float64 inputs), takes an online sof
 masked copy (the running mean's division, the additive mask clamped at the project's finite
 fill, key padding replaced by the fill), drops probabilities with a counter-based RNG
 (Philox, ``tl.rand``) and accumulates ``P V``. Autograd keeps ``q``, ``k``, ``v``, the output,
-the log-sum-exp, the written stream and the dropout seed; nothing else of size ``T x T``.
+each row's softmax maximum and sum, the written stream and the dropout seed; nothing else of size ``T x T``.
 
 The backward kernel runs per (batch x head, block of keys) over the query blocks: it reads the
 stream once, recomputes the probabilities from the log-sum-exp, regenerates the dropout mask,
@@ -91,6 +91,17 @@ def stream_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @triton.jit
+def _dot(a, b, ACC: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """``a @ b`` accumulated in ``ACC``; ``UPCAST``: on float32 copies (the interpreter, whose
+    numpy has no bfloat16, multiplies bfloat16 tiles as their raw bits)."""
+    if UPCAST:
+        c = tl.dot(a.to(tl.float32), b.to(tl.float32), out_dtype=ACC, input_precision=PRECISION)
+    else:
+        c = tl.dot(a, b, out_dtype=ACC, input_precision=PRECISION)
+    return c
+
+
+@triton.jit
 def _keep(seed, bh, offs_m, offs_n, tgt_len, src_len, dropout_p):
     """The dropout mask of a tile: True where the probability is kept. One Philox draw per
     element of the (bsz*heads, tgt_len, src_len) probabilities, counted by its flat index."""
@@ -132,13 +143,14 @@ def _logits(
 
 @triton.jit
 def _forward_kernel(
-    Q, K, V, PREV, STREAM, OUT, LSE, MASK, KPM,
+    Q, K, V, PREV, STREAM, OUT, ROWMAX, ROWSUM, MASK, KPM,
     sq_b, sq_t, sq_d, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sp_b, sp_t, sp_s,
     sm_t, sm_s, skpm_b, skpm_s,
     tgt_len, src_len, num_heads, divisor, mask_value, dropout_p, seed,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_PREV: tl.constexpr, HAS_MASK: tl.constexpr, HAS_KPM: tl.constexpr,
     DIVIDE: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
 ):  # fmt: skip
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -165,7 +177,7 @@ def _forward_kernel(
             mask=valid_n[:, None] & valid_d[None, :],
             other=0.0,
         )
-        s = tl.dot(q, tl.trans(k), out_dtype=ACC, input_precision=PRECISION)
+        s = _dot(q, tl.trans(k), ACC, PRECISION, UPCAST)
         if HAS_PREV:
             prev = tl.load(
                 PREV + bh64 * sp_b + offs_m[:, None] * sp_t + offs_n[None, :] * sp_s,
@@ -190,9 +202,7 @@ def _forward_kernel(
             mask=valid_n[:, None] & valid_d[None, :],
             other=0.0,
         )
-        acc = acc * alpha[:, None] + tl.dot(
-            p.to(v.dtype), v, out_dtype=ACC, input_precision=PRECISION
-        )
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, ACC, PRECISION, UPCAST)
         m_i = m_new
     out = acc / l_i[:, None]
     tl.store(
@@ -200,19 +210,22 @@ def _forward_kernel(
         out.to(OUT.dtype.element_ty),
         mask=valid_m[:, None] & valid_d[None, :],
     )
-    tl.store(LSE + bh64 * tgt_len + offs_m, m_i + tl.log(l_i), mask=valid_m)
+    # the maximum and the sum, not their log-sum-exp: a fully masked row's maximum is the fill,
+    # -1e30, which would absorb log(src_len)
+    tl.store(ROWMAX + bh64 * tgt_len + offs_m, m_i, mask=valid_m)
+    tl.store(ROWSUM + bh64 * tgt_len + offs_m, l_i, mask=valid_m)
 
 
 @triton.jit
 def _backward_kernel(
-    Q, K, V, STREAM, DOUT, LSE, DELTA, DSTREAM, DPREV, DQ, DK, DV, MASK, KPM,
+    Q, K, V, STREAM, DOUT, ROWMAX, ROWSUM, DELTA, DSTREAM, DPREV, DQ, DK, DV, MASK, KPM,
     sq_b, sq_t, sq_d, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sds_b, sds_t, sds_s,
     sm_t, sm_s, skpm_b, skpm_s,
     tgt_len, src_len, num_heads, divisor, mask_value, dropout_p, seed,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_DSTREAM: tl.constexpr, HAS_DPREV: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_KPM: tl.constexpr, DIVIDE: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
-    PRECISION: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     pid_n = tl.program_id(0)
     bh = tl.program_id(1)
@@ -250,12 +263,13 @@ def _backward_kernel(
             s, offs_m, offs_n, bh, tgt_len, src_len, num_heads, divisor, mask_value,
             MASK, sm_t, sm_s, KPM, skpm_b, skpm_s, HAS_MASK, HAS_KPM, DIVIDE,
         )  # fmt: skip
-        lse = tl.load(LSE + bh64 * tgt_len + offs_m, mask=valid_m, other=0.0)
+        m_i = tl.load(ROWMAX + bh64 * tgt_len + offs_m, mask=valid_m, other=0.0)
+        l_i = tl.load(ROWSUM + bh64 * tgt_len + offs_m, mask=valid_m, other=1.0)
         delta = tl.load(DELTA + bh64 * tgt_len + offs_m, mask=valid_m, other=0.0)
-        p = tl.exp(logits - lse[:, None])
+        p = tl.exp(logits - m_i[:, None]) / l_i[:, None]
         p = tl.where(tile, p, 0.0)
         # dP of the dropped probabilities, as the eager route's P.V in the values' dtype
-        dp = tl.dot(do, tl.trans(v), out_dtype=ACC, input_precision=PRECISION)
+        dp = _dot(do, tl.trans(v), ACC, PRECISION, UPCAST)
         if DROPOUT:
             keep = _keep(seed, bh, offs_m, offs_n, tgt_len, src_len, dropout_p)
             # the eager route scales by 1 / (1 - p): one division of the kept entries
@@ -264,7 +278,7 @@ def _backward_kernel(
             dp = dp * scale
         else:
             pd = p
-        dv += tl.dot(tl.trans(pd.to(v.dtype)), do, out_dtype=ACC, input_precision=PRECISION)
+        dv += _dot(tl.trans(pd.to(v.dtype)), do, ACC, PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
         if DIVIDE:
             ds = ds / divisor
@@ -281,8 +295,8 @@ def _backward_kernel(
                 DPREV + stream_base + offs_m[:, None] * src_len + offs_n[None, :], ds, mask=tile
             )
         ds_in_dtype = ds.to(q.dtype)
-        dk += tl.dot(tl.trans(ds_in_dtype), q, out_dtype=ACC, input_precision=PRECISION)
-        dq = tl.dot(ds_in_dtype, k, out_dtype=ACC, input_precision=PRECISION)
+        dk += _dot(tl.trans(ds_in_dtype), q, ACC, PRECISION, UPCAST)
+        dq = _dot(ds_in_dtype, k, ACC, PRECISION, UPCAST)
         tl.atomic_add(DQ + row_d, dq, mask=qd_tile)
     out_d = bh64 * src_len * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + out_d, dk.to(DK.dtype.element_ty), mask=kv_tile)
@@ -329,6 +343,11 @@ def _capability(device: torch.device) -> Optional[Tuple[int, int]]:
     return INTERPRETER
 
 
+def _upcast(q: Tensor) -> bool:
+    """Whether the dots run on float32 copies: bfloat16 in the interpreter (CPU tensors)."""
+    return q.dtype == torch.bfloat16 and q.device.type == "cpu"
+
+
 def _options(q: Tensor):
     """The kernels' accumulator dtype and tl.dot's precision for inputs like ``q``: float32
     products on full-precision float32 (no TF32, as eager's default), float64 for float64."""
@@ -346,7 +365,8 @@ class _ResidualAttention(torch.autograd.Function):
         sdtype = stream_dtype(q.dtype)
         stream = torch.empty((bh, tgt_len, src_len), dtype=sdtype, device=q.device)
         out = torch.empty((bh, tgt_len, head_dim), dtype=q.dtype, device=q.device)
-        lse = torch.empty((bh, tgt_len), dtype=sdtype, device=q.device)
+        rowmax = torch.empty((bh, tgt_len), dtype=sdtype, device=q.device)
+        rowsum = torch.empty((bh, tgt_len), dtype=sdtype, device=q.device)
         seed = draw_dropout_seed() if dropout_p > 0 else 0
         acc, precision = _options(q)
         cfg = launch_config("forward", head_dim, q.dtype, _capability(q.device))
@@ -354,16 +374,16 @@ class _ResidualAttention(torch.autograd.Function):
         prev_arg = prev if prev is not None else stream  # never read without HAS_PREV
         grid = (triton.cdiv(tgt_len, cfg.block_m), bh)
         _forward_kernel[grid](
-            q, k, v, prev_arg, stream, out, lse, mask, kpm,
+            q, k, v, prev_arg, stream, out, rowmax, rowsum, mask, kpm,
             *q.stride(), *k.stride(), *v.stride(), *prev_arg.stride(),
             *_strides2(mask), *_strides2(kpm),
             tgt_len, src_len, num_heads, float(divisor), float(mask_value), float(dropout_p), seed,
             HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, HAS_PREV=prev is not None, HAS_MASK=attn_mask is not None,
             HAS_KPM=key_padding_mask is not None, DIVIDE=divisor != 1.0, DROPOUT=dropout_p > 0,
-            ACC=acc, PRECISION=precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            ACC=acc, PRECISION=precision, UPCAST=_upcast(q), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
-        ctx.save_for_backward(q, k, v, out, lse, stream, mask, kpm)
+        ctx.save_for_backward(q, k, v, out, rowmax, rowsum, stream, mask, kpm)
         ctx.has_mask = attn_mask is not None
         ctx.has_kpm = key_padding_mask is not None
         ctx.has_prev = prev is not None
@@ -373,7 +393,7 @@ class _ResidualAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, d_stream):
-        q, k, v, out, lse, stream, mask, kpm = ctx.saved_tensors
+        q, k, v, out, rowmax, rowsum, stream, mask, kpm = ctx.saved_tensors
         num_heads, divisor, dropout_p, mask_value, seed = ctx.params
         bh, tgt_len, head_dim = q.shape
         src_len = k.size(1)
@@ -392,7 +412,7 @@ class _ResidualAttention(torch.autograd.Function):
         ds_arg = d_stream if d_stream is not None else stream  # never read without HAS_DSTREAM
         grid = (triton.cdiv(src_len, cfg.block_n), bh)
         _backward_kernel[grid](
-            q, k, v, stream, d_out, lse, delta, ds_arg, dprev if need_dprev else stream,
+            q, k, v, stream, d_out, rowmax, rowsum, delta, ds_arg, dprev if need_dprev else stream,
             dq, dk, dv, mask, kpm,
             *q.stride(), *k.stride(), *v.stride(), *ds_arg.stride(),
             *_strides2(mask), *_strides2(kpm),
@@ -400,7 +420,7 @@ class _ResidualAttention(torch.autograd.Function):
             HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, HAS_DSTREAM=d_stream is not None, HAS_DPREV=need_dprev,
             HAS_MASK=ctx.has_mask, HAS_KPM=ctx.has_kpm, DIVIDE=divisor != 1.0,
-            DROPOUT=dropout_p > 0, ACC=acc, PRECISION=precision,
+            DROPOUT=dropout_p > 0, ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         return dq.to(q.dtype), dk, dv, dprev, None, None, None, None, None, None
