@@ -32,9 +32,10 @@ Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.
    fp16, bf16; fails above ``route_precision.TOLERANCE``). Without triton this part is one
    line and skipped; ``--smoke`` runs it under Triton's interpreter (``TRITON_INTERPRET=1``).
 
-Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 0 or
-part 1 or the triton route's precision fails. ``--smoke`` runs the same code on CPU at toy sizes (the default test suite runs
-its precision part; the whole smoke run is under ``-m slow``).
+Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 0,
+part 1 or the triton route's precision fails. ``--smoke`` runs the same code on CPU at toy
+sizes (the default test suite runs its precision part; the whole smoke run is under
+``-m slow``).
 
 Sizes, dtypes, lengths and the compared variants (``bench_models.VARIANTS``) are data in
 ``FULL`` / ``SMOKE`` / ``DTYPES``.
@@ -81,7 +82,7 @@ FULL = dict(
                 rule_heads=8, rule_head_dim=64, precision_length=64,
                 triton=dict(lengths=(32, 128, 512, 2048),
                             variants=("vanilla", "realformer_eager", "realformer_triton"),
-                            precision_length=64)),
+                            precision_length=64, precision_dtypes=("float32", "fp16", "bf16"))),
 )  # fmt: skip
 SMOKE = dict(
     FULL, corpora=("newstest2013",), max_lines=600, bpe_merges=100, max_update=20,
@@ -98,9 +99,9 @@ SMOKE = dict(
                 variants=("vanilla", "realformer_eager", "realformer_concat", "realformer"),
                 rule_layers=(2,), rule_lengths=(8, 16), rule_tokens=64, rule_heads=2,
                 rule_head_dim=16, precision_length=8,
-                triton=dict(lengths=(8, 16),
+                triton=dict(lengths=(16,),
                             variants=("vanilla", "realformer_eager", "realformer_triton"),
-                            precision_length=8)),
+                            precision_length=8, precision_dtypes=("float32",))),
 )  # fmt: skip
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -288,8 +289,9 @@ def triton_part(cfg) -> dict:
     """Part 4's triton route (``--residual-attention-impl triton``): training words/s and peak
     memory of ``realformer_triton`` and ``realformer_eager`` against ``vanilla`` at the routes'
     size, fp16 and bf16, at ``cfg["routes"]["triton"]["lengths"]``; and its errors against the
-    eager route in float64 (``route_precision.triton_check``: outputs and gradients, float32,
-    fp16 and bf16), which fail the check above the tolerance. Without triton: one line, and
+    eager route in float64 (``route_precision.triton_check``: outputs and gradients, in
+    float32, fp16 and bf16; float32 alone in the smoke run, whose interpreter is slow), which
+    fail the check above the tolerance. Without triton: one line, and
     ``{"skipped": line}``."""
     if not triton_installed():
         line = f"triton route: skipped, triton is not installed ({TRITON_INSTALL})"
@@ -299,7 +301,7 @@ def triton_part(cfg) -> dict:
     return {
         "models": speed_part(cfg, part, generation=False),
         "precision": route_precision.triton_check(
-            cfg["device"], list(route_precision.DTYPES), part["precision_length"]
+            cfg["device"], list(part["precision_dtypes"]), part["precision_length"]
         ),
     }
 

@@ -7,6 +7,7 @@ that it cannot rot between the rare runs on a lent GPU (CI runs it)."""
 
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -15,7 +16,11 @@ import torch
 from fairseq import options
 from harness import run
 
+from realformer_fairseq.settings import triton_installed
 from studies import gpu_check
+
+if triton_installed():  # the triton part's kernels on CPU: Triton's interpreter, read at import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 def train_inner(loss: float) -> str:
@@ -124,12 +129,20 @@ def test_gpu_check_smoke(tmp_path):
         )
 
 
-def test_routes_part_measures_the_three_routes():
+def test_routes_part_measures_the_three_routes(monkeypatch, capsys):
     """Part 4 at smoke sizes on CPU (the same code as on a GPU): every route beside fairseq's
     transformer, the kernels that ran, the switch depths; the concat route fused where it
     could (the CPU's flash kernel), the eager variant and auto (eager on a machine without a
-    measured rule: the plain module, no kernel to report) never."""
+    measured rule: the plain module, no kernel to report) never. The triton route's part
+    (its own test below) is one skipped line where triton is not installed."""
+    monkeypatch.setattr(gpu_check, "triton_installed", lambda: False)
     result = gpu_check.routes_part(gpu_check.SMOKE)
+    skipped = (
+        "triton route: skipped, triton is not installed (pip install -e '.[triton]' in the "
+        "clone (CUDA builds of torch ship triton))"
+    )
+    assert result["triton"] == {"skipped": skipped}
+    assert capsys.readouterr().out.splitlines() == [skipped]
     rows = result["models"]
     assert set(rows) == {f"2L-2L d32 {d} len{n}" for d in ("fp16", "bf16") for n in (8, 16)}
     for name, row in rows.items():
@@ -152,3 +165,29 @@ def test_routes_part_measures_the_three_routes():
             assert set(r["time_ratio_vs_eager"]) == {0, 1, 2}
             assert r["concat_kernels"] == ["fused SDPA, flash"], name
             assert r["best_switch_depth"] in (0, 1, 2)
+
+
+@pytest.mark.skipif(
+    not triton_installed(), reason="triton is not installed (pip install -e '.[triton]')"
+)
+def test_triton_part_measures_the_triton_route_and_its_precision():
+    """Part 4's triton route at smoke sizes, its kernels under Triton's interpreter: speed and
+    memory rows against vanilla and the eager route, fp16 and bf16; the kernel ran in every
+    residual attention but the alignment layer's cross-attention (its probabilities are
+    asked for); the float32 errors against float64 eager within the tolerance."""
+    result = gpu_check.triton_part(gpu_check.SMOKE)
+    rows = result["models"]
+    assert set(rows) == {f"2L-2L d32 {d} len16" for d in ("fp16", "bf16")}
+    for name, row in rows.items():
+        assert set(row["ratios"]) == {"realformer_eager/vanilla", "realformer_triton/vanilla"}
+        for r in row["ratios"].values():
+            assert 0 < r["train_wps"] and 1 / 50 < r["peak_memory"] < 50, (name, r)
+        assert row["kernels"]["realformer_triton"] == [
+            "eager, because the attention probabilities are asked for (need_weights)",
+            "fused Triton kernel",
+        ], name
+    precision = result["precision"]
+    assert precision["passed"] and set(precision["dtypes"]) == {"float32"}
+    for case in precision["dtypes"]["float32"].values():
+        assert case["ran"] == ["fused Triton kernel"]
+        assert max(case["output"].values()) < 1e-4 and max(case["gradient"].values()) < 1e-4

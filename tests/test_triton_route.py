@@ -215,6 +215,43 @@ def test_encoder_only_model_equals_the_eager_route(kernel):
     assert {m.last_kernel for m in triton_modules(routed).values()} == {FUSED}
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_module_chain_with_causal_mask_and_fully_padded_rows_equals_eager(kernel, mode):
+    """Three layers, right padding and a fully padded sequence (under the causal mask, the
+    left-padded rows see only masked keys): outputs, streams and every gradient (the
+    parameters' and the input's, through the kernel's backward and the stream's)."""
+    from test_concat_route import masks
+
+    causal, pad = masks()
+    pad[0, :2] = True  # left padding: with the causal mask its first rows see only padding
+    results = []
+    for cls in (RealformerMultiheadAttention, TritonRealformerMultiheadAttention):
+        torch.manual_seed(0)
+        layers = [cls(16, 4, residual_attention_mode=mode, self_attention=True).double()
+                  for _ in range(3)]  # fmt: skip
+        x = torch.randn(6, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        x.requires_grad_()
+        y, scores, streams = x, None, []
+        for idx, m in enumerate(layers):
+            y, _, scores, _, _ = m(y, y, y, key_padding_mask=pad, attn_mask=causal,
+                                   need_weights=False, prev_attn_scores=scores, layer_idx=idx)  # fmt: skip
+            streams.append(scores)
+        weight = torch.randn(
+            y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2)
+        )
+        ((y * weight).sum() + streams[-1].sin().sum()).backward()
+        grads = [x.grad] + [p.grad for m in layers for p in m.parameters()]
+        results.append((y, streams, grads, layers))
+    (want, want_streams, want_grads, _), (got, got_streams, got_grads, layers) = results
+    assert {m.last_kernel for m in layers} == {FUSED}
+    torch.testing.assert_close(got, want, **kernel.tolerance)
+    for a, b in zip(got_streams, want_streams):
+        torch.testing.assert_close(a, b, **kernel.tolerance)
+    scale = max(g.abs().max().item() for g in want_grads)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * scale)
+
+
 def test_incremental_decoding_runs_the_eager_route_and_says_so_once(kernel, caplog):
     eager, routed, dictionary = triton_pair(
         residual_attention_mode="mean", encoder_layers=3, decoder_layers=3, **NO_DROPOUT
