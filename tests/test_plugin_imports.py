@@ -11,11 +11,15 @@ import sys
 from harness import REPO_ROOT
 
 IMPORT_EVERY_MODULE = """
-import importlib, json, pkgutil, sys
+import importlib, importlib.util, json, pkgutil, sys
 {block}
 import realformer_fairseq
 names = [m.name for m in pkgutil.walk_packages(realformer_fairseq.__path__, "realformer_fairseq.")]
+# modules of an optional extra, imported where it is installed: module -> the package it needs
+optional = {{"realformer_fairseq.modules.triton_attention": "triton"}}
 for name in names:
+    if name in optional and importlib.util.find_spec(optional[name]) is None:
+        continue
     importlib.import_module(name)
 loaded = sorted(m for m, mod in sys.modules.items() if mod and m.split(".")[0] in ("studies", "matplotlib"))
 print(json.dumps({{"modules": names, "loaded": loaded}}))
