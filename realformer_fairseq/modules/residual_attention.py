@@ -129,6 +129,28 @@ class RealformerMultiheadAttention(MultiheadAttention):
         q, k, v, key_padding_mask, kv_bsz = self._project_heads(
             query, key, value, key_padding_mask, incremental_state, static_kv
         )
+        return self._eager_route(
+            q, k, v, prev_attn_scores, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
+            need_weights, need_head_weights,
+        )  # fmt: skip
+
+    def _eager_route(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        prev_attn_scores: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        bsz: int,
+        kv_bsz: int,
+        layer_idx: int,
+        need_weights: bool,
+        need_head_weights: bool,
+    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+        """The eager route from the projected heads on: this layer's raw scores added to the
+        stream, the masked softmax, the values and the output projection; the five values of
+        ``forward`` (the queries and keys None)."""
         raw_scores = self._raw_scores(q, k, bsz, kv_bsz)
         attn_scores = self._add_to_stream(raw_scores, prev_attn_scores)
         attn, attn_weights = self._attend_stream(
@@ -441,13 +463,10 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
         if prev_attn_scores is not None:  # the chain is in its eager phase
             if not torch.jit.is_scripting():
                 self._last_kernel[0] = "eager, the chain's stream"
-            raw_scores = self._raw_scores(q, k, bsz, kv_bsz)
-            attn_scores = self._add_to_stream(raw_scores, prev_attn_scores)
-            attn, attn_weights = self._attend_stream(
-                attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
+            return self._eager_route(
+                q, k, v, prev_attn_scores, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
                 need_weights, need_head_weights,
             )  # fmt: skip
-            return attn, attn_weights, attn_scores, None, None
 
         queries = q if prev_attn_queries is None else torch.cat([prev_attn_queries, q], dim=-1)
         keys = k if prev_attn_keys is None else torch.cat([prev_attn_keys, k], dim=-1)

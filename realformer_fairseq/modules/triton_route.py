@@ -144,13 +144,10 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
                     q, k, v, prev_attn_scores, key_padding_mask, attn_mask, layer_idx
                 )
                 return self._merge_heads(attn, tgt_len, bsz), None, attn_scores, None, None
-        raw_scores = self._raw_scores(q, k, bsz, kv_bsz)
-        attn_scores = self._add_to_stream(raw_scores, prev_attn_scores)
-        attn, attn_weights = self._attend_stream(
-            attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
+        return self._eager_route(
+            q, k, v, prev_attn_scores, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
             need_weights, need_head_weights,
         )  # fmt: skip
-        return attn, attn_weights, attn_scores, None, None
 
     @torch.jit.unused
     def _why_eager(
