@@ -15,7 +15,9 @@ gradient, divided for the running mean and zero at padded keys, plus the gradien
 layer's own stream arriving from the next layer) and ``dq`` (added atomically, per key block).
 
 The semantics are the eager route's (:class:`~.residual_attention.RealformerMultiheadAttention`,
-``_add_to_stream`` and ``_attend_stream``), up to the order of floating-point sums. With
+``_add_to_stream`` and ``_attend_stream``), up to the order of floating-point sums; for
+float16/bfloat16 inputs the kernels add ``q k^T`` to the stream as accumulated in float32, where
+the eager route rounds the product to the inputs' dtype first. With
 ``TRITON_INTERPRET=1`` (set before triton is imported) the kernels run on CPU tensors, which is
 how the tests check them against the eager formula.
 
@@ -266,7 +268,7 @@ def _backward_kernel(
         m_i = tl.load(ROWMAX + bh64 * tgt_len + offs_m, mask=valid_m, other=0.0)
         l_i = tl.load(ROWSUM + bh64 * tgt_len + offs_m, mask=valid_m, other=1.0)
         delta = tl.load(DELTA + bh64 * tgt_len + offs_m, mask=valid_m, other=0.0)
-        p = tl.exp(logits - m_i[:, None]) / l_i[:, None]
+        p = tl.exp(logits - m_i[:, None]) * (1.0 / l_i)[:, None]
         p = tl.where(tile, p, 0.0)
         # dP of the dropped probabilities, as the eager route's P.V in the values' dtype
         dp = _dot(do, tl.trans(v), ACC, PRECISION, UPCAST)
