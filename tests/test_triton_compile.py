@@ -107,3 +107,22 @@ def test_kernels_compile_for_the_gpu_within_its_shared_memory(arch, dtype, head_
     for kernel in ("forward", "backward"):
         assert result[kernel]["cubin"] > 0
         assert 0 < result[kernel]["shared"] <= SHARED_LIMIT[arch], (kernel, result[kernel])
+
+
+def test_cpu_tensors_without_the_interpreter_stop_with_one_line():
+    code = (
+        "import torch\n"
+        "from realformer_fairseq.modules.triton_attention import residual_attention\n"
+        "q = torch.zeros(2, 3, 8)\n"
+        "residual_attention(q, q, q, None, None, None, 1, 1.0, 0.0)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "ValueError: the triton kernels run on CUDA tensors, got cpu "
+        "(CPU tensors only under TRITON_INTERPRET=1, set before triton is imported)"
+    )
