@@ -6,7 +6,8 @@ writes the new stream (float32; float64 for float64 inputs), takes an online sof
 masked copy (the running mean's division, the additive mask clamped at the project's finite
 fill, key padding replaced by the fill), drops probabilities with a counter-based RNG
 (Philox, ``tl.rand``) and accumulates ``P V``. Autograd keeps ``q``, ``k``, ``v``, the output,
-each row's softmax maximum and sum, the written stream and the dropout seed; nothing else of size ``T x T``.
+each row's softmax maximum and sum, the written stream and the dropout seed; nothing else of
+size ``T x T``.
 
 The backward kernel runs per (batch x head, block of keys) over the query blocks: it reads the
 stream once, recomputes the probabilities from the log-sum-exp, regenerates the dropout mask,
@@ -15,7 +16,9 @@ gradient, divided for the running mean and zero at padded keys, plus the gradien
 layer's own stream arriving from the next layer) and ``dq`` (added atomically, per key block).
 
 The semantics are the eager route's (:class:`~.residual_attention.RealformerMultiheadAttention`,
-``_add_to_stream`` and ``_attend_stream``), up to the order of floating-point sums. With
+``_add_to_stream`` and ``_attend_stream``), up to the order of floating-point sums; for
+float16/bfloat16 inputs the kernels add ``q k^T`` to the stream as accumulated in float32, where
+the eager route rounds the product to the inputs' dtype first. With
 ``TRITON_INTERPRET=1`` (set before triton is imported) the kernels run on CPU tensors, which is
 how the tests check them against the eager formula.
 
@@ -28,6 +31,7 @@ import torch
 import triton
 import triton.language as tl
 from torch import Tensor
+from triton.runtime.interpreter import InterpretedFunction
 
 from .residual_attention import _MASK_VALUE
 
@@ -266,7 +270,7 @@ def _backward_kernel(
         m_i = tl.load(ROWMAX + bh64 * tgt_len + offs_m, mask=valid_m, other=0.0)
         l_i = tl.load(ROWSUM + bh64 * tgt_len + offs_m, mask=valid_m, other=1.0)
         delta = tl.load(DELTA + bh64 * tgt_len + offs_m, mask=valid_m, other=0.0)
-        p = tl.exp(logits - m_i[:, None]) / l_i[:, None]
+        p = tl.exp(logits - m_i[:, None]) * (1.0 / l_i)[:, None]
         p = tl.where(tile, p, 0.0)
         # dP of the dropped probabilities, as the eager route's P.V in the values' dtype
         dp = _dot(do, tl.trans(v), ACC, PRECISION, UPCAST)
@@ -355,6 +359,10 @@ def _options(q: Tensor):
     return acc, "ieee"
 
 
+# whether this module's kernels run in triton's interpreter (TRITON_INTERPRET=1 at import)
+INTERPRETED = isinstance(_forward_kernel, InterpretedFunction)
+
+
 class _ResidualAttention(torch.autograd.Function):
     @staticmethod
     def forward(
@@ -381,7 +389,8 @@ class _ResidualAttention(torch.autograd.Function):
             HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
             BLOCK_N=cfg.block_n, HAS_PREV=prev is not None, HAS_MASK=attn_mask is not None,
             HAS_KPM=key_padding_mask is not None, DIVIDE=divisor != 1.0, DROPOUT=dropout_p > 0,
-            ACC=acc, PRECISION=precision, UPCAST=_upcast(q), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, rowmax, rowsum, stream, mask, kpm)
         ctx.has_mask = attn_mask is not None
@@ -491,35 +500,42 @@ def _check(q, k, v, prev, key_padding_mask, attn_mask, num_heads, divisor, dropo
     if k.size(0) != bh or k.size(2) != head_dim:
         raise ValueError(f"k {list(k.shape)} does not match q {list(q.shape)}")
     if tgt_len == 0 or src_len == 0 or bh == 0:
-        raise ValueError(
-            f"triton residual attention needs non-empty inputs, got q {list(q.shape)}, k {list(k.shape)}"
-        )
+        raise ValueError(f"empty inputs: q {list(q.shape)}, k {list(k.shape)}")
     if num_heads <= 0 or bh % num_heads:
         raise ValueError(f"bsz*heads {bh} is not a multiple of num_heads {num_heads}")
     if prev is not None:
         if prev.shape != (bh, tgt_len, src_len):
             raise ValueError(
                 "residual attention chain mismatch: previous layer scores "
-                f"{list(prev.shape)} vs this layer's {[bh, tgt_len, src_len]} (bsz*heads, tgt_len, src_len)"
+                f"{list(prev.shape)} vs this layer's {[bh, tgt_len, src_len]} "
+                "(bsz*heads, tgt_len, src_len)"
             )
         if prev.dtype != stream_dtype(q.dtype):
             raise ValueError(
-                f"prev_attn_scores must be {stream_dtype(q.dtype)} for {q.dtype} inputs, got {prev.dtype}"
+                f"prev_attn_scores must be {stream_dtype(q.dtype)} for {q.dtype} inputs, "
+                f"got {prev.dtype}"
             )
     if key_padding_mask is not None and key_padding_mask.shape != (bh // num_heads, src_len):
         raise ValueError(
-            f"key_padding_mask must be (bsz, src_len) = {[bh // num_heads, src_len]}, got {list(key_padding_mask.shape)}"
+            f"key_padding_mask must be (bsz, src_len) = {[bh // num_heads, src_len]}, "
+            f"got {list(key_padding_mask.shape)}"
         )
     if attn_mask is not None:
         if attn_mask.shape != (tgt_len, src_len):
             raise ValueError(
-                f"attn_mask must be (tgt_len, src_len) = {[tgt_len, src_len]}, got {list(attn_mask.shape)}"
+                f"attn_mask must be (tgt_len, src_len) = {[tgt_len, src_len]}, "
+                f"got {list(attn_mask.shape)}"
             )
         if attn_mask.requires_grad:
             raise ValueError("triton residual attention passes no gradient to attn_mask")
     for t in (k, v, prev, key_padding_mask, attn_mask):
         if t is not None and t.device != q.device:
             raise ValueError(f"all inputs must be on {q.device}, got one on {t.device}")
+    if q.device.type != "cuda" and not INTERPRETED:
+        raise ValueError(
+            f"the triton kernels run on CUDA tensors, got {q.device} "
+            "(CPU tensors only under TRITON_INTERPRET=1, set before triton is imported)"
+        )
     if not divisor >= 1.0:
         raise ValueError(f"softmax_divisor must be >= 1, got {divisor}")
     if not 0.0 <= dropout_p < 1.0:
