@@ -89,7 +89,6 @@ def torch_residual_attention(
 @pytest.fixture(params=["torch", "triton"])
 def kernel(request, monkeypatch):
     """The route's kernel: the stand-in (its calls recorded in ``.calls``) or the real one."""
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
     triton_route._WARNED.clear()
     if request.param == "triton":
         if not TRITON:
@@ -103,6 +102,7 @@ def kernel(request, monkeypatch):
 
     stand_in = types.ModuleType("triton_attention_stand_in")
     stand_in.residual_attention = recorded
+    stand_in.INTERPRETED = True  # as the kernels' module under TRITON_INTERPRET=1
     monkeypatch.setattr(triton_route, "kernel_module", lambda: stand_in)
     monkeypatch.setattr(settings, "triton_installed", lambda: True)
     return types.SimpleNamespace(name="torch", calls=calls, tolerance=EXACT)
@@ -340,10 +340,11 @@ def test_cpu_tensors_without_the_interpreter_and_masks_with_a_gradient_run_eager
     assert m.last_kernel == "eager, because the attention mask needs a gradient"
     m(x, x, x, need_weights=False)
     assert m.last_kernel == FUSED
-    monkeypatch.delenv("TRITON_INTERPRET")
+    monkeypatch.setattr(triton_route.kernel_module(), "INTERPRETED", False)
     m(x, x, x, need_weights=False)
     assert m.last_kernel == (
-        "eager, because tensors are on the CPU without Triton's interpreter (TRITON_INTERPRET=1)"
+        "eager, because tensors are on cpu, not CUDA, without Triton's interpreter "
+        "(TRITON_INTERPRET=1 when triton is imported)"
     )
 
 

@@ -22,15 +22,14 @@ values in and out, each reason said once per process at WARNING (and every chang
 module runs at debug level, as the concat route does): incremental decoding (fairseq's
 ``incremental_state``, beam search), the attention probabilities asked for (``need_weights``
 / ``need_head_weights``: alignment, ``--print-alignment``), cross-attention keys shared by the
-beams (fairseq's ``set_beam_size``), an attention mask that needs a gradient, CPU tensors
-without Triton's interpreter (``TRITON_INTERPRET=1``), and a TorchScript model (said when it
-is scripted). The kernel draws its own attention dropout mask (the distribution of the eager
+beams (fairseq's ``set_beam_size``), an attention mask that needs a gradient, tensors off CUDA
+without Triton's interpreter (``TRITON_INTERPRET=1`` when triton is imported: CPU tensors then
+run in it), and a TorchScript model (said when it is scripted). The kernel draws its own attention dropout mask (the distribution of the eager
 route's, not the same draw); the dropout probability is the module's, applied where fairseq's
 ``FairseqDropout`` applies it (training, or ``--retain-dropout`` at inference).
 """
 
 import logging
-import os
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -168,8 +167,11 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
             return "the beams share the encoder's keys (set_beam_size)"
         if attn_mask is not None and attn_mask.requires_grad:
             return "the attention mask needs a gradient"
-        if q.device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") != "1":
-            return "tensors are on the CPU without Triton's interpreter (TRITON_INTERPRET=1)"
+        if q.device.type != "cuda" and not kernel_module().INTERPRETED:
+            return (
+                f"tensors are on {q.device.type}, not CUDA, without Triton's interpreter "
+                "(TRITON_INTERPRET=1 when triton is imported)"
+            )
         if self.rule_dtypes and str(q.dtype) not in self.rule_dtypes:
             return f"auto: {q.dtype} is not a dtype of its measured triton rule"
         return ""
