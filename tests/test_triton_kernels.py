@@ -246,3 +246,6 @@ def test_bad_inputs_stop_with_one_line():
         ta.residual_attention(q, k, k, None, None, None, 3, 1.0, 0.0)
     with pytest.raises(ValueError, match="share a dtype"):
         ta.residual_attention(q, k.double(), k, None, None, None, 2, 1.0, 0.0)
+    big = torch.zeros(2, 3, 200)
+    with pytest.raises(ValueError, match="head sizes up to 128, got 200"):
+        ta.residual_attention(big, big, big, None, None, None, 1, 1.0, 0.0)

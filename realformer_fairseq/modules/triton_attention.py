@@ -45,6 +45,9 @@ class KernelConfig(NamedTuple):
     num_stages: int
 
 
+# the largest head size (after padding to a power of two) the configurations are made for
+MAX_HEAD_DIM = 128
+
 # the capability the interpreter (CPU tensors) is given configurations for: small blocks, so
 # that the tests' short sequences span several blocks and their edges
 INTERPRETER = None
@@ -67,14 +70,19 @@ def launch_config(
     if capability is None:
         return KernelConfig(16, 16, 4, 1)
     d = padded_head_dim(head_dim)
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"the triton kernels take head sizes up to {MAX_HEAD_DIM}, got {head_dim}")
     wide = dtype in (torch.float32, torch.float64)  # 4-byte (or 8-byte) tiles: half the blocks
+    # A100 (8.0), H100/H200 (9.0) and later: 164-228 KB of shared memory per block; other
+    # devices (8.6, 8.9: 99 KB) the small blocks
+    small = capability != (8, 0) and capability[0] < 9
     if kernel == "forward":
-        if wide:
+        if wide or small:
             return KernelConfig(64, 32, 4, 2)
         if d <= 64:
             return KernelConfig(128, 64, 4, 3)
         return KernelConfig(128, 64, 8, 2)
-    if wide:
+    if wide or small:
         return KernelConfig(32, 32, 4, 1)
     if d <= 64:
         return KernelConfig(64, 64, 4, 2)
@@ -145,7 +153,14 @@ def _logits(
     return logits, pad2
 
 
-@triton.jit
+# integers that change from batch to batch: triton would otherwise compile a variant of each
+# kernel per value class (1, a multiple of 16, other) of each, at the first batch that has it
+_RUNTIME_INTEGERS = [
+    "tgt_len", "src_len", "num_heads", "seed", "sp_b", "sp_t", "sds_b", "sds_t", "sm_t", "skpm_b"
+]  # fmt: skip
+
+
+@triton.jit(do_not_specialize=[n for n in _RUNTIME_INTEGERS if n not in ("sds_b", "sds_t")])
 def _forward_kernel(
     Q, K, V, PREV, STREAM, OUT, ROWMAX, ROWSUM, MASK, KPM,
     sq_b, sq_t, sq_d, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sp_b, sp_t, sp_s,
@@ -220,7 +235,7 @@ def _forward_kernel(
     tl.store(ROWSUM + bh64 * tgt_len + offs_m, l_i, mask=valid_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[n for n in _RUNTIME_INTEGERS if n not in ("sp_b", "sp_t")])
 def _backward_kernel(
     Q, K, V, STREAM, DOUT, ROWMAX, ROWSUM, DELTA, DSTREAM, DPREV, DQ, DK, DV, MASK, KPM,
     sq_b, sq_t, sq_d, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sds_b, sds_t, sds_s,
@@ -501,6 +516,8 @@ def _check(q, k, v, prev, key_padding_mask, attn_mask, num_heads, divisor, dropo
         raise ValueError(f"k {list(k.shape)} does not match q {list(q.shape)}")
     if tgt_len == 0 or src_len == 0 or bh == 0:
         raise ValueError(f"empty inputs: q {list(q.shape)}, k {list(k.shape)}")
+    if padded_head_dim(head_dim) > MAX_HEAD_DIM:
+        raise ValueError(f"the triton kernels take head sizes up to {MAX_HEAD_DIM}, got {head_dim}")
     if num_heads <= 0 or bh % num_heads:
         raise ValueError(f"bsz*heads {bh} is not a multiple of num_heads {num_heads}")
     if prev is not None:
