@@ -25,6 +25,7 @@ how the tests check them against the eager formula.
 This module imports triton; the plugin imports it only when the triton route is asked for.
 """
 
+import contextlib
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -362,6 +363,11 @@ def _capability(device: torch.device) -> Optional[Tuple[int, int]]:
     return INTERPRETER
 
 
+def _device_of(t: Tensor):
+    """Launches on ``t``'s GPU (triton launches on the current device)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
 def _upcast(q: Tensor) -> bool:
     """Whether the dots run on float32 copies: bfloat16 in the interpreter (CPU tensors)."""
     return q.dtype == torch.bfloat16 and q.device.type == "cpu"
@@ -396,17 +402,20 @@ class _ResidualAttention(torch.autograd.Function):
         mask, kpm = _masks(attn_mask, key_padding_mask, sdtype)
         prev_arg = prev if prev is not None else stream  # never read without HAS_PREV
         grid = (triton.cdiv(tgt_len, cfg.block_m), bh)
-        _forward_kernel[grid](
-            q, k, v, prev_arg, stream, out, rowmax, rowsum, mask, kpm,
-            *q.stride(), *k.stride(), *v.stride(), *prev_arg.stride(),
-            *_strides2(mask), *_strides2(kpm),
-            tgt_len, src_len, num_heads, float(divisor), float(mask_value), float(dropout_p), seed,
-            HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, HAS_PREV=prev is not None, HAS_MASK=attn_mask is not None,
-            HAS_KPM=key_padding_mask is not None, DIVIDE=divisor != 1.0, DROPOUT=dropout_p > 0,
-            ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
+        with _device_of(q):
+            _forward_kernel[grid](
+                q, k, v, prev_arg, stream, out, rowmax, rowsum, mask, kpm,
+                *q.stride(), *k.stride(), *v.stride(), *prev_arg.stride(),
+                *_strides2(mask), *_strides2(kpm),
+                tgt_len, src_len, num_heads, float(divisor), float(mask_value), float(dropout_p),
+                seed,
+                HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, HAS_PREV=prev is not None, HAS_MASK=attn_mask is not None,
+                HAS_KPM=key_padding_mask is not None, DIVIDE=divisor != 1.0,
+                DROPOUT=dropout_p > 0,
+                ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, rowmax, rowsum, stream, mask, kpm)
         ctx.has_mask = attn_mask is not None
         ctx.has_kpm = key_padding_mask is not None
@@ -435,18 +444,19 @@ class _ResidualAttention(torch.autograd.Function):
         cfg = launch_config("backward", head_dim, q.dtype, _capability(q.device))
         ds_arg = d_stream if d_stream is not None else stream  # never read without HAS_DSTREAM
         grid = (triton.cdiv(src_len, cfg.block_n), bh)
-        _backward_kernel[grid](
-            q, k, v, stream, d_out, rowmax, rowsum, delta, ds_arg, dprev if need_dprev else stream,
-            dq, dk, dv, mask, kpm,
-            *q.stride(), *k.stride(), *v.stride(), *ds_arg.stride(),
-            *_strides2(mask), *_strides2(kpm),
-            tgt_len, src_len, num_heads, divisor, mask_value, dropout_p, seed,
-            HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, HAS_DSTREAM=d_stream is not None, HAS_DPREV=need_dprev,
-            HAS_MASK=ctx.has_mask, HAS_KPM=ctx.has_kpm, DIVIDE=divisor != 1.0,
-            DROPOUT=dropout_p > 0, ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
+        with _device_of(q):
+            _backward_kernel[grid](
+                q, k, v, stream, d_out, rowmax, rowsum, delta, ds_arg,
+                dprev if need_dprev else stream, dq, dk, dv, mask, kpm,
+                *q.stride(), *k.stride(), *v.stride(), *ds_arg.stride(),
+                *_strides2(mask), *_strides2(kpm),
+                tgt_len, src_len, num_heads, divisor, mask_value, dropout_p, seed,
+                HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, HAS_DSTREAM=d_stream is not None, HAS_DPREV=need_dprev,
+                HAS_MASK=ctx.has_mask, HAS_KPM=ctx.has_kpm, DIVIDE=divisor != 1.0,
+                DROPOUT=dropout_p > 0, ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )  # fmt: skip
         return dq.to(q.dtype), dk, dv, dprev, None, None, None, None, None, None
 
 
