@@ -117,6 +117,8 @@ CASES = {
     "causal_left_padded_mean": (2, 33, 33, ("left", [33, 17]), "causal", True, 3.0, True),
     # a chain's first layer (no previous stream), a fully padded sentence, no stream gradient
     "first_layer_fully_padded": (2, 18, 18, ("right", [18, 0]), None, False, 1.0, False),
+    # one query, one key: a one-token sentence of a language model
+    "one_token": (2, 1, 1, ("right", [1, 1]), "causal", True, 1.0, True),
 }
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5}  # relative to max(1, |reference|)
 
@@ -244,3 +246,6 @@ def test_bad_inputs_stop_with_one_line():
         ta.residual_attention(q, k, k, None, None, None, 3, 1.0, 0.0)
     with pytest.raises(ValueError, match="share a dtype"):
         ta.residual_attention(q, k.double(), k, None, None, None, 2, 1.0, 0.0)
+    big = torch.zeros(2, 3, 200)
+    with pytest.raises(ValueError, match="head sizes up to 128, got 200"):
+        ta.residual_attention(big, big, big, None, None, None, 1, 1.0, 0.0)

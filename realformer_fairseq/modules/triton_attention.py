@@ -25,6 +25,7 @@ how the tests check them against the eager formula.
 This module imports triton; the plugin imports it only when the triton route is asked for.
 """
 
+import contextlib
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -44,6 +45,9 @@ class KernelConfig(NamedTuple):
     num_warps: int
     num_stages: int
 
+
+# the largest head size (after padding to a power of two) the configurations are made for
+MAX_HEAD_DIM = 128
 
 # the capability the interpreter (CPU tensors) is given configurations for: small blocks, so
 # that the tests' short sequences span several blocks and their edges
@@ -67,14 +71,19 @@ def launch_config(
     if capability is None:
         return KernelConfig(16, 16, 4, 1)
     d = padded_head_dim(head_dim)
+    if d > MAX_HEAD_DIM:
+        raise ValueError(f"the triton kernels take head sizes up to {MAX_HEAD_DIM}, got {head_dim}")
     wide = dtype in (torch.float32, torch.float64)  # 4-byte (or 8-byte) tiles: half the blocks
+    # A100 (8.0), H100/H200 (9.0) and later: 164-228 KB of shared memory per block; other
+    # devices (8.6, 8.9: 99 KB) the small blocks
+    small = capability != (8, 0) and capability[0] < 9
     if kernel == "forward":
-        if wide:
+        if wide or small:
             return KernelConfig(64, 32, 4, 2)
         if d <= 64:
             return KernelConfig(128, 64, 4, 3)
         return KernelConfig(128, 64, 8, 2)
-    if wide:
+    if wide or small:
         return KernelConfig(32, 32, 4, 1)
     if d <= 64:
         return KernelConfig(64, 64, 4, 2)
@@ -145,7 +154,14 @@ def _logits(
     return logits, pad2
 
 
-@triton.jit
+# integers that change from batch to batch: triton would otherwise compile a variant of each
+# kernel per value class (1, a multiple of 16, other) of each, at the first batch that has it
+_RUNTIME_INTEGERS = [
+    "tgt_len", "src_len", "num_heads", "seed", "sp_b", "sp_t", "sds_b", "sds_t", "sm_t", "skpm_b"
+]  # fmt: skip
+
+
+@triton.jit(do_not_specialize=[n for n in _RUNTIME_INTEGERS if n not in ("sds_b", "sds_t")])
 def _forward_kernel(
     Q, K, V, PREV, STREAM, OUT, ROWMAX, ROWSUM, MASK, KPM,
     sq_b, sq_t, sq_d, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sp_b, sp_t, sp_s,
@@ -220,7 +236,7 @@ def _forward_kernel(
     tl.store(ROWSUM + bh64 * tgt_len + offs_m, l_i, mask=valid_m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[n for n in _RUNTIME_INTEGERS if n not in ("sp_b", "sp_t")])
 def _backward_kernel(
     Q, K, V, STREAM, DOUT, ROWMAX, ROWSUM, DELTA, DSTREAM, DPREV, DQ, DK, DV, MASK, KPM,
     sq_b, sq_t, sq_d, sk_b, sk_s, sk_d, sv_b, sv_s, sv_d, sds_b, sds_t, sds_s,
@@ -347,6 +363,11 @@ def _capability(device: torch.device) -> Optional[Tuple[int, int]]:
     return INTERPRETER
 
 
+def _device_of(t: Tensor):
+    """Launches on ``t``'s GPU (triton launches on the current device)."""
+    return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
+
+
 def _upcast(q: Tensor) -> bool:
     """Whether the dots run on float32 copies: bfloat16 in the interpreter (CPU tensors)."""
     return q.dtype == torch.bfloat16 and q.device.type == "cpu"
@@ -381,17 +402,20 @@ class _ResidualAttention(torch.autograd.Function):
         mask, kpm = _masks(attn_mask, key_padding_mask, sdtype)
         prev_arg = prev if prev is not None else stream  # never read without HAS_PREV
         grid = (triton.cdiv(tgt_len, cfg.block_m), bh)
-        _forward_kernel[grid](
-            q, k, v, prev_arg, stream, out, rowmax, rowsum, mask, kpm,
-            *q.stride(), *k.stride(), *v.stride(), *prev_arg.stride(),
-            *_strides2(mask), *_strides2(kpm),
-            tgt_len, src_len, num_heads, float(divisor), float(mask_value), float(dropout_p), seed,
-            HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, HAS_PREV=prev is not None, HAS_MASK=attn_mask is not None,
-            HAS_KPM=key_padding_mask is not None, DIVIDE=divisor != 1.0, DROPOUT=dropout_p > 0,
-            ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
+        with _device_of(q):
+            _forward_kernel[grid](
+                q, k, v, prev_arg, stream, out, rowmax, rowsum, mask, kpm,
+                *q.stride(), *k.stride(), *v.stride(), *prev_arg.stride(),
+                *_strides2(mask), *_strides2(kpm),
+                tgt_len, src_len, num_heads, float(divisor), float(mask_value), float(dropout_p),
+                seed,
+                HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, HAS_PREV=prev is not None, HAS_MASK=attn_mask is not None,
+                HAS_KPM=key_padding_mask is not None, DIVIDE=divisor != 1.0,
+                DROPOUT=dropout_p > 0,
+                ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, rowmax, rowsum, stream, mask, kpm)
         ctx.has_mask = attn_mask is not None
         ctx.has_kpm = key_padding_mask is not None
@@ -420,18 +444,19 @@ class _ResidualAttention(torch.autograd.Function):
         cfg = launch_config("backward", head_dim, q.dtype, _capability(q.device))
         ds_arg = d_stream if d_stream is not None else stream  # never read without HAS_DSTREAM
         grid = (triton.cdiv(src_len, cfg.block_n), bh)
-        _backward_kernel[grid](
-            q, k, v, stream, d_out, rowmax, rowsum, delta, ds_arg, dprev if need_dprev else stream,
-            dq, dk, dv, mask, kpm,
-            *q.stride(), *k.stride(), *v.stride(), *ds_arg.stride(),
-            *_strides2(mask), *_strides2(kpm),
-            tgt_len, src_len, num_heads, divisor, mask_value, dropout_p, seed,
-            HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
-            BLOCK_N=cfg.block_n, HAS_DSTREAM=d_stream is not None, HAS_DPREV=need_dprev,
-            HAS_MASK=ctx.has_mask, HAS_KPM=ctx.has_kpm, DIVIDE=divisor != 1.0,
-            DROPOUT=dropout_p > 0, ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )  # fmt: skip
+        with _device_of(q):
+            _backward_kernel[grid](
+                q, k, v, stream, d_out, rowmax, rowsum, delta, ds_arg,
+                dprev if need_dprev else stream, dq, dk, dv, mask, kpm,
+                *q.stride(), *k.stride(), *v.stride(), *ds_arg.stride(),
+                *_strides2(mask), *_strides2(kpm),
+                tgt_len, src_len, num_heads, divisor, mask_value, dropout_p, seed,
+                HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
+                BLOCK_N=cfg.block_n, HAS_DSTREAM=d_stream is not None, HAS_DPREV=need_dprev,
+                HAS_MASK=ctx.has_mask, HAS_KPM=ctx.has_kpm, DIVIDE=divisor != 1.0,
+                DROPOUT=dropout_p > 0, ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
+                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            )  # fmt: skip
         return dq.to(q.dtype), dk, dv, dprev, None, None, None, None, None, None
 
 
@@ -501,6 +526,8 @@ def _check(q, k, v, prev, key_padding_mask, attn_mask, num_heads, divisor, dropo
         raise ValueError(f"k {list(k.shape)} does not match q {list(q.shape)}")
     if tgt_len == 0 or src_len == 0 or bh == 0:
         raise ValueError(f"empty inputs: q {list(q.shape)}, k {list(k.shape)}")
+    if padded_head_dim(head_dim) > MAX_HEAD_DIM:
+        raise ValueError(f"the triton kernels take head sizes up to {MAX_HEAD_DIM}, got {head_dim}")
     if num_heads <= 0 or bh % num_heads:
         raise ValueError(f"bsz*heads {bh} is not a multiple of num_heads {num_heads}")
     if prev is not None:
