@@ -203,7 +203,10 @@ def evaluate(data_bin: Path, checkpoint: Path, run_dir: Path, cfg) -> Dict:
         run_dir / "evaluate.log",
     )  # fmt: skip
     scores = json.loads(results.read_text(encoding="utf-8"))
-    return {"tokenized": scores["tokenized_bleu_fairseq"]["score"], "sacrebleu": scores["sacrebleu"]["score"]}
+    return {
+        "tokenized": scores["tokenized_bleu_fairseq"]["score"],
+        "sacrebleu": scores["sacrebleu"]["score"],
+    }
 
 
 def attention_js(checkpoint: Path, data_bin: Path, run_dir: Path, cfg) -> Dict[str, float]:

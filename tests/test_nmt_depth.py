@@ -101,7 +101,11 @@ def test_paired_difference_per_seed_and_its_spread():
         run("Post-LN (fairseq)", 1, 5.0, 6.0, diverged=True),
     ]  # fmt: skip
     pair = nmt_depth.paired(results, "RealFormer+ADMIN", "ADMIN")
-    assert [(r["seed"], r["test_bleu"]) for r in pair["per_seed"]] == [(1, 1.0), (2, -0.5), (3, 0.5)]
+    assert [(r["seed"], r["test_bleu"]) for r in pair["per_seed"]] == [
+        (1, 1.0),
+        (2, -0.5),
+        (3, 0.5),
+    ]
     assert pair["test_bleu"]["mean"] == pytest.approx(1.0 / 3)
     assert pair["test_bleu"]["sd"] == pytest.approx(0.7637626, abs=1e-6)
     assert (pair["test_bleu"]["min"], pair["test_bleu"]["max"]) == (-0.5, 1.0)
@@ -124,7 +128,11 @@ def test_a_diverged_seed_is_left_out_of_the_pairs():
 
 
 def test_divergence_and_updates_to_reach():
-    curve = [{"update": 50, "loss": 7.0}, {"update": 100, "loss": 6.0}, {"update": 150, "loss": 5.5}]
+    curve = [
+        {"update": 50, "loss": 7.0},
+        {"update": 100, "loss": 6.0},
+        {"update": 150, "loss": 5.5},
+    ]
     assert nmt_depth.updates_to_reach(curve, 6.0) == 100
     assert nmt_depth.updates_to_reach(curve, 5.0) is None
     assert nmt_depth.diverged_reason(curve, [9.0, 8.0], None) == ""
