@@ -42,6 +42,7 @@ usage (from the repository root; its run time is in docs/benchmarks.md):
 
 import argparse
 import json
+import logging
 import math
 import random
 import statistics
@@ -402,8 +403,6 @@ def _mean_sd_text(s: Dict, digits: int) -> str:
 
 
 def plot(results: List[Dict], variants: Sequence[str], path: Path, cfg):
-    import logging
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -499,6 +498,14 @@ def run_all(data_bin: Path, args) -> List[Dict]:
 
 def main(argv=None):
     args = parse_args(argv)
+    # importing fairseq configured the root logger (no times, DEBUG): the log's lines get times
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        level=logging.INFO,
+        stream=sys.stdout,
+        force=True,
+    )
     args.work_dir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
