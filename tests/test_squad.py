@@ -12,9 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
-from harness import pipeline_module
+from harness import fairseq_command, pipeline_module
 
 from realformer_fairseq.squad import decoding, evaluation, features
 from realformer_fairseq.squad.features import (
@@ -181,6 +182,75 @@ def test_training_examples_read_as_run_squad(tmp_path):
         with pytest.raises(SquadDataError) as err:
             features.read_squad_examples(path, False, True)
         assert path in str(err.value) and message in str(err.value) and "\n" not in str(err.value)
+
+
+def realformer_squad(*args):
+    """``realformer-squad ARGS`` as a user types it (its console script)."""
+    return subprocess.run([fairseq_command("realformer-squad"), *map(str, args)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)  # fmt: skip
+
+
+def write_model_files(folder: Path) -> Path:
+    """VOCAB as a model's vocab.txt and fairseq dict.txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    (folder / "dict.txt").write_text("".join(f"{t} 1\n" for t in VOCAB[5:]), encoding="utf-8")
+    return folder / "vocab.txt"
+
+
+@pytest.mark.parametrize("version", ["1.1", "v2.0"])
+def test_an_answer_of_no_wordpiece_is_skipped_not_labelled_no_answer(tmp_path, version):
+    """A training answer that is a zero-width space covers no WordPiece (BERT's tokenizer drops
+    format characters). run_squad.py skips a question whose answer it cannot recover from the
+    document ("Could not find answer"); labelled, every window of it would be start = end = 0,
+    [CLS], "no answer". realformer-squad features (prepare.sh's stage) skips it: counted in its
+    line, the id logged and in squad.json, no window of it in the data-bin. Labels by hand:
+    question 'the cat' (2 pieces): the context starts at position 1 + 2 + 1 = 4, the answer
+    'the cat' is pieces 0-1, positions 4-5; the impossible v2.0 question is 0, 0."""
+    context = "the cat sat on the mat \u200b ."
+    qas = [
+        {"id": "ok", "question": "the cat", "answers": [{"text": "the cat", "answer_start": 0}]},
+        {"id": "zwsp", "question": "the cat", "answers": [{"text": "\u200b", "answer_start": 23}]},
+    ]  # fmt: skip
+    labels, line = [[4, 5]], "1 questions (training, 0 without answer, 1 skipped)"
+    if version == "v2.0":
+        qas.append({"id": "none", "question": "the cat", "answers": [], "is_impossible": True})
+        labels, line = [[4, 5], [0, 0]], "2 questions (training, 1 without answer, 1 skipped)"
+    assert context[23] == "\u200b"
+    path = squad_file(tmp_path, qas, context=context, version=version)
+    vocab = write_model_files(tmp_path / "model")
+    proc = realformer_squad("features", "--train-file", path, "--dest", tmp_path / "bin",
+                            "--vocab", vocab, "--uncased", "--max-seq-length", "32",
+                            "--max-query-length", "8")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    table = np.load(tmp_path / "bin" / "train.features.npy")
+    assert table[:, 6:8].tolist() == labels  # one window per question, only ok's (and none's)
+    assert line in proc.stderr
+    (warning,) = [x for x in proc.stderr.splitlines() if "skipped, their answer" in x]
+    assert "1 training question(s) skipped" in warning and warning.endswith(": zwsp")
+    record = json.loads((tmp_path / "bin" / "train.record.json").read_text())
+    assert [e["id"] for e in record["examples"]] == [q["id"] for q in qas if q["id"] != "zwsp"]
+    settings = json.loads((tmp_path / "bin" / "squad.json").read_text())["subsets"]["train"]
+    assert (settings["skipped_ids"], settings["skipped"], settings["examples"]) == (
+        ["zwsp"], 1, len(labels))  # fmt: skip
+    # features made without the skip: an answerable question without pieces stops
+    tokenizer = BertTextTokenizer(VOCAB, lowercase=True)
+    ctx = features.tokenize_context(context, tokenizer)
+    example = Example("zwsp", "the cat", 0, answer_text="\u200b", answer_span=(23, 24))
+    with pytest.raises(ValueError, match="question zwsp: its answer covers no piece"):
+        features.convert_examples_to_features([ctx], [example], [["the", "cat"]],
+                                              FeatureSettings(32, 8, 8), is_training=True)  # fmt: skip
+
+
+def test_tune_threshold_without_score_is_refused(tmp_path):
+    """realformer-squad predict --tune-threshold picks the threshold from the scores: without
+    --score it would do nothing, so it stops with one line before reading anything."""
+    proc = realformer_squad("predict", "--checkpoint", tmp_path / "c.pt", "--data-bin", tmp_path,
+                            "--out-dir", tmp_path / "out", "--tune-threshold")  # fmt: skip
+    assert one_error_line(proc, prog="realformer-squad") == (
+        "--tune-threshold needs --score (the threshold is the official best_f1_thresh of the "
+        "scores)"
+    )
 
 
 # ------------------------------------------------------------------ decoding
