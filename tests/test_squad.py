@@ -8,6 +8,7 @@ import argparse
 import collections
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -476,9 +477,9 @@ def one_error_line(proc, prog="realformer-squad-eval"):
 
 
 @pytest.mark.parametrize("version,examples,batch,updates,warmup", [
-    # SQuAD v1.1 train has 87,599 questions, v2.0 130,319; README.md: --train_batch_size=12 (v1.1,
-    # BERT-Base on a GPU), 24 (v2.0); run_squad.py: int(n / batch * 2.0), int(0.1 * steps)
-    ("1.1", 87599, 12, 14599, 1459),
+    # SQuAD v1.1 train has 87,599 questions, v2.0 130,319; README.md's Cloud TPU commands:
+    # --train_batch_size=24 (v1.1 and v2.0); run_squad.py: int(n / batch * 2.0), int(0.1 * steps)
+    ("1.1", 87599, 24, 7299, 729),
     ("2.0", 130319, 24, 10859, 1085),
 ])  # fmt: skip
 def test_recipe_is_berts(version, examples, batch, updates, warmup):
@@ -506,22 +507,85 @@ def test_recipe_is_berts(version, examples, batch, updates, warmup):
         assert source, flag
 
 
-def test_recipe_sources_quote_berts_files():
-    """Each cited line of google-research/bert holds the value (the lines as in commit
-    eedf571, written here): README.md's SQuAD commands and run_squad.py's flags."""
-    squad_recipe = pipeline_module("squad", "recipes")
+# google-research/bert's lines that recipes.py cites, as in commit eedf571 (FILE:LINE:text)
+BERT_LINES = Path(__file__).parent / "data" / "google_research_bert_eedf571.txt"
+CITATION = re.compile(r"(README\.md|run_squad\.py|optimization\.py)?:(\d+)(?:-(\d+))?")
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?")
 
-    readme = {535: "--train_batch_size=12", 536: "--learning_rate=3e-5", 537: "--num_train_epochs=2.0",
-              538: "--max_seq_length=384", 539: "--doc_stride=128", 618: "--train_batch_size=24",
-              619: "--learning_rate=3e-5", 620: "--num_train_epochs=2.0"}  # fmt: skip
-    table = squad_recipe.table_markdown()
-    for line, flag in readme.items():
-        assert f"README.md:{line} {flag}" in table or f":{line} {flag}" in table, (line, flag)
-    assert (
-        "optimization.py:64 epsilon=1e-6" in table
-        and "optimization.py:61 weight_decay_rate=0.01" in table
-    )
-    assert "run_squad.py:107-110 n_best_size 20" in table
+
+def pinned_bert_lines():
+    pinned = {}
+    for line in BERT_LINES.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            name, number, text = line.split(":", 2)
+            pinned[name, int(number)] = text
+    return pinned
+
+
+def cited_lines(source):
+    """(file, line) of every line a recipe source cites (``:N`` alone: the file cited before)."""
+    cited, name = [], None
+    for m in CITATION.finditer(source):
+        name = m.group(1) or name
+        first = int(m.group(2))
+        cited += [(name, n) for n in range(first, int(m.group(3) or first) + 1)]
+    return cited
+
+
+def recipe_entries():
+    squad_recipe = pipeline_module("squad", "recipes")
+    return [(flag, value, source) for version in ("1.1", "2.0")
+            for flag, value, source in squad_recipe.recipe(version)] + [
+        (flag, value, source) for flag, value, source in squad_recipe.FEATURES + squad_recipe.DECODING
+    ]  # fmt: skip
+
+
+def test_recipe_values_are_in_the_lines_they_cite():
+    """Every number of a recipe value is in the google-research/bert lines its source cites, as
+    pinned in tests/data (their text at commit eedf571, not the recipe's own table); every cited
+    line is pinned."""
+    pinned = pinned_bert_lines()
+    checked = set()
+    for flag, value, source in recipe_entries():
+        lines = cited_lines(source)
+        missing = [f"{name}:{n}" for name, n in lines if (name, n) not in pinned]
+        assert not missing, f"{flag}: {source} cites lines not pinned in {BERT_LINES}: {missing}"
+        numbers = NUMBER.findall(value or "")
+        if not lines or not numbers or NUMBER.sub("", value).strip("(), "):
+            continue  # no citation, a name, or a formula
+        found = {float(x) for key in lines for x in NUMBER.findall(pinned[key])}
+        assert {float(x) for x in numbers} <= found, (flag, value, [pinned[k] for k in lines])
+        checked.add(flag)
+    assert checked == {
+        "--batch-size", "--adam-betas", "--adam-eps", "--weight-decay", "--clip-norm", "--lr",
+        "--end-learning-rate", "--power", "--max-seq-length", "--doc-stride", "--max-query-length",
+        "--n-best-size", "--max-answer-length", "--null-score-diff-threshold",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("version", ["1.1", "2.0"])
+def test_both_versions_take_bert_readmes_cloud_tpu_command(version):
+    """The batch, learning rate and epochs of each version are cited from one README.md command:
+    the Cloud TPU one that trains on that version's file (the README's v2.0 command is a TPU
+    one; its v1.1 GPU command, batch 12, is not used)."""
+    pinned = pinned_bert_lines()
+    sources = {
+        flag: source for flag, _, source in pipeline_module("squad", "recipes").recipe(version)
+    }
+    readme = [n for flag in ("--batch-size", "--lr", "--total-num-update")
+              for name, n in cited_lines(sources[flag]) if name == "README.md"]  # fmt: skip
+    assert len(readme) == 3
+    first = last = readme[0]  # the command: the lines that continue with a backslash
+    while pinned.get(("README.md", first - 1), "").endswith("\\"):
+        first -= 1
+    while pinned[("README.md", last)].endswith("\\"):
+        last += 1
+    command = [pinned["README.md", n] for n in range(first, last + 1)]
+    assert command[0] == "python run_squad.py \\" and set(readme) <= set(range(first, last + 1))
+    assert f"  --train_file=$SQUAD_DIR/train-v{version}.json \\" in command
+    assert "  --use_tpu=True \\" in command
+    assert [pinned["README.md", n] for n in readme] == [
+        "  --train_batch_size=24 \\", "  --learning_rate=3e-5 \\", "  --num_train_epochs=2.0 \\"]  # fmt: skip
 
 
 # ------------------------------------------------------------------ span head and criterion
