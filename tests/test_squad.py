@@ -243,15 +243,29 @@ def test_an_answer_of_no_wordpiece_is_skipped_not_labelled_no_answer(tmp_path, v
                                               FeatureSettings(32, 8, 8), is_training=True)  # fmt: skip
 
 
-def test_tune_threshold_without_score_is_refused(tmp_path):
+def test_null_threshold_flags_that_would_do_nothing(tmp_path):
     """realformer-squad predict --tune-threshold picks the threshold from the scores: without
-    --score it would do nothing, so it stops with one line before reading anything."""
+    --score it stops with one line before reading anything. On SQuAD v1.1 (no null answer)
+    --tune-threshold and --null-score-diff-threshold are warned about before the prediction
+    (here a missing checkpoint then stops it)."""
     proc = realformer_squad("predict", "--checkpoint", tmp_path / "c.pt", "--data-bin", tmp_path,
                             "--out-dir", tmp_path / "out", "--tune-threshold")  # fmt: skip
     assert one_error_line(proc, prog="realformer-squad") == (
         "--tune-threshold needs --score (the threshold is the official best_f1_thresh of the "
         "scores)"
     )
+    qas = [{"id": "q", "question": "the cat", "answers": [{"text": "cat", "answer_start": 4}]}]
+    vocab = write_model_files(tmp_path / "model")
+    assert realformer_squad("features", "--predict-file", squad_file(tmp_path, qas), "--dest",
+                            tmp_path / "bin", "--vocab", vocab, "--uncased", "--max-seq-length",
+                            "32", "--max-query-length", "8").returncode == 0  # fmt: skip
+    proc = realformer_squad("predict", "--checkpoint", tmp_path / "c.pt", "--data-bin",
+                            tmp_path / "bin", "--out-dir", tmp_path / "out", "--score",
+                            "--tune-threshold", "--null-score-diff-threshold", "-1")  # fmt: skip
+    assert [line for line in proc.stderr.splitlines() if "warning" in line] == [
+        "realformer-squad: warning: --tune-threshold: SQuAD v1.1 has no null threshold",
+        "realformer-squad: warning: --null-score-diff-threshold: SQuAD v1.1 has no null threshold",
+    ]
 
 
 # ------------------------------------------------------------------ decoding
