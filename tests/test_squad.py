@@ -268,6 +268,28 @@ def test_null_threshold_flags_that_would_do_nothing(tmp_path):
     ]
 
 
+def test_a_truncated_token_file_is_one_line_of_the_squad_error(tmp_path):
+    """The data-bin check uses the pipelines' truncated-.bin check (realformer_pipelines.checks)
+    and raises it as the SQuAD error, which fairseq's commands turn into one line."""
+    from realformer_fairseq.squad import data_bin
+
+    qas = [{"id": "q", "question": "the cat", "answers": [{"text": "cat", "answer_start": 4}]}]
+    vocab = write_model_files(tmp_path / "model")
+    assert realformer_squad("features", "--predict-file", squad_file(tmp_path, qas), "--dest",
+                            tmp_path / "bin", "--vocab", vocab, "--uncased", "--max-seq-length",
+                            "32", "--max-query-length", "8").returncode == 0  # fmt: skip
+    assert data_bin.check_data_bin(str(tmp_path / "bin"), ["valid"])["squad_version"] == "1.1"
+    tokens = tmp_path / "bin" / "valid.bin"
+    size = tokens.stat().st_size
+    tokens.write_bytes(tokens.read_bytes()[:-2])
+    with pytest.raises(SquadDataError) as err:
+        data_bin.check_data_bin(str(tmp_path / "bin"), ["valid"])
+    assert str(err.value) == (
+        f"{tokens}: truncated ({size - 2} bytes, its index valid.idx needs {size}); binarize "
+        "again (prepare.sh --force)"
+    )
+
+
 # ------------------------------------------------------------------ decoding
 
 
