@@ -191,12 +191,16 @@ def realformer_squad(*args):
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)  # fmt: skip
 
 
-def write_model_files(folder: Path) -> Path:
-    """VOCAB as a model's vocab.txt and fairseq dict.txt."""
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
-    (folder / "dict.txt").write_text("".join(f"{t} 1\n" for t in VOCAB[5:]), encoding="utf-8")
-    return folder / "vocab.txt"
+def squad_features(tmp_path: Path, file_flag: str, path) -> subprocess.CompletedProcess:
+    """``realformer-squad features FILE_FLAG PATH`` into ``tmp_path/bin`` with VOCAB as the
+    model's vocab.txt and fairseq dict.txt, windows of 32 tokens."""
+    model = tmp_path / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    (model / "dict.txt").write_text("".join(f"{t} 1\n" for t in VOCAB[5:]), encoding="utf-8")
+    return realformer_squad("features", file_flag, path, "--dest", tmp_path / "bin", "--vocab",
+                            model / "vocab.txt", "--uncased", "--max-seq-length", "32",
+                            "--max-query-length", "8")  # fmt: skip
 
 
 @pytest.mark.parametrize("version", ["1.1", "v2.0"])
@@ -219,10 +223,7 @@ def test_an_answer_of_no_wordpiece_is_skipped_not_labelled_no_answer(tmp_path, v
         labels, line = [[4, 5], [0, 0]], "2 questions (training, 1 without answer, 1 skipped)"
     assert context[23] == "\u200b"
     path = squad_file(tmp_path, qas, context=context, version=version)
-    vocab = write_model_files(tmp_path / "model")
-    proc = realformer_squad("features", "--train-file", path, "--dest", tmp_path / "bin",
-                            "--vocab", vocab, "--uncased", "--max-seq-length", "32",
-                            "--max-query-length", "8")  # fmt: skip
+    proc = squad_features(tmp_path, "--train-file", path)
     assert proc.returncode == 0, proc.stderr
     table = np.load(tmp_path / "bin" / "train.features.npy")
     assert table[:, 6:8].tolist() == labels  # one window per question, only ok's (and none's)
@@ -255,10 +256,7 @@ def test_null_threshold_flags_that_would_do_nothing(tmp_path):
         "scores)"
     )
     qas = [{"id": "q", "question": "the cat", "answers": [{"text": "cat", "answer_start": 4}]}]
-    vocab = write_model_files(tmp_path / "model")
-    assert realformer_squad("features", "--predict-file", squad_file(tmp_path, qas), "--dest",
-                            tmp_path / "bin", "--vocab", vocab, "--uncased", "--max-seq-length",
-                            "32", "--max-query-length", "8").returncode == 0  # fmt: skip
+    assert squad_features(tmp_path, "--predict-file", squad_file(tmp_path, qas)).returncode == 0
     proc = realformer_squad("predict", "--checkpoint", tmp_path / "c.pt", "--data-bin",
                             tmp_path / "bin", "--out-dir", tmp_path / "out", "--score",
                             "--tune-threshold", "--null-score-diff-threshold", "-1")  # fmt: skip
@@ -274,10 +272,7 @@ def test_a_truncated_token_file_is_one_line_of_the_squad_error(tmp_path):
     from realformer_fairseq.squad import data_bin
 
     qas = [{"id": "q", "question": "the cat", "answers": [{"text": "cat", "answer_start": 4}]}]
-    vocab = write_model_files(tmp_path / "model")
-    assert realformer_squad("features", "--predict-file", squad_file(tmp_path, qas), "--dest",
-                            tmp_path / "bin", "--vocab", vocab, "--uncased", "--max-seq-length",
-                            "32", "--max-query-length", "8").returncode == 0  # fmt: skip
+    assert squad_features(tmp_path, "--predict-file", squad_file(tmp_path, qas)).returncode == 0
     assert data_bin.check_data_bin(str(tmp_path / "bin"), ["valid"])["squad_version"] == "1.1"
     tokens = tmp_path / "bin" / "valid.bin"
     size = tokens.stat().st_size
