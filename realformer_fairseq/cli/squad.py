@@ -17,8 +17,7 @@ scores against the subset's SQuAD file (``scores.json``, and one line each on st
 ``--tune-threshold`` (v2.0) the answers again at the official ``best_f1_thresh``, as BERT's
 README tunes ``--null_score_diff_threshold``. ``--tune-threshold`` without ``--score`` is
 refused; it and ``--null-score-diff-threshold`` on SQuAD v1.1 (no null answer) are warned
-about and ignored. ``realformer-squad-eval`` scores any prediction
-file.
+about and ignored. ``realformer-squad-eval`` scores any prediction file.
 
 A subword-nmt model is refused: SQuAD answers are character spans of the raw context, and the
 project's subword-nmt models read Moses-tokenised text (escapes, ``@-@``, normalised quotes and

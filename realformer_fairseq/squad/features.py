@@ -375,7 +375,8 @@ def convert_examples_to_features(
         context = contexts[example.context_index]
         answer = None
         if is_training and not example.is_impossible:
-            answer = char_span_to_pieces(context.offsets, *(example.answer_span or (0, 0)))
+            span = example.answer_span
+            answer = char_span_to_pieces(context.offsets, *span) if span else None
             if answer is None:  # an answerable question is never labelled "no answer"
                 raise ValueError(
                     f"question {example.qas_id}: its answer covers no piece of its context "
