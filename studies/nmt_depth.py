@@ -45,6 +45,7 @@ import json
 import logging
 import math
 import random
+import re
 import statistics
 import sys
 import time
@@ -169,7 +170,7 @@ def train_command(data_bin: Path, save_dir: Path, label: str, seed: int, cfg) ->
 
 
 def train_losses(text: str) -> List[float]:
-    return [float(s["train_inner_loss"]) for s in runs.log_records(text, "train_inner")]
+    return [float(s["loss"]) for s in runs.log_records(text, "train_inner")]
 
 
 def diverged_reason(curve: List[Dict], losses: List[float], failed: Optional[str]) -> str:
@@ -229,18 +230,43 @@ def attention_js(checkpoint: Path, data_bin: Path, run_dir: Path, cfg) -> Dict[s
     return result
 
 
+def finished_training(run_dir: Path, cfg) -> Optional[str]:
+    """The log of a training of this run that ended (its checkpoint saved at ``--max-update``),
+    so that a restarted study evaluates it instead of training it again; None otherwise."""
+    log = run_dir / "train.log"
+    if not (log.exists() and (run_dir / "checkpoint_last.pt").exists()):
+        return None
+    text = log.read_text(encoding="utf-8")
+    done = "done training" in text and f"max_update={cfg.max_update}," in text
+    return text if done else None
+
+
+def log_seconds(text: str) -> float:
+    """Seconds between the first and the last time stamp of a fairseq log."""
+    stamps = re.findall(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d) \|", text, re.M)
+    if len(stamps) < 2:
+        return 0.0
+    first, last = (
+        time.mktime(time.strptime(s, "%Y-%m-%d %H:%M:%S")) for s in (stamps[0], stamps[-1])
+    )
+    return last - first
+
+
 def run_one(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> Dict:
     run_dir.mkdir(parents=True, exist_ok=True)
-    cmd = train_command(data_bin, run_dir, label, seed, cfg)
-    logger.info("%s seed %d: training (%d updates) -> %s", label, seed, cfg.max_update, run_dir)
-    start = time.time()
     failed = None
-    try:
-        text = runs.run(cmd, run_dir / "train.log")
-    except runs.StudyError as err:  # divergence (fairseq's NaN stop) is a result
-        text = (run_dir / "train.log").read_text(encoding="utf-8")
-        failed = str(err).splitlines()[0][:300]
-    wall = time.time() - start
+    text = finished_training(run_dir, cfg)
+    if text is not None:
+        logger.info("%s seed %d: training had finished, evaluating %s", label, seed, run_dir)
+    else:
+        cmd = train_command(data_bin, run_dir, label, seed, cfg)
+        logger.info("%s seed %d: training (%d updates) -> %s", label, seed, cfg.max_update, run_dir)
+        try:
+            text = runs.run(cmd, run_dir / "train.log")
+        except runs.StudyError as err:  # divergence (fairseq's NaN stop) is a result
+            text = (run_dir / "train.log").read_text(encoding="utf-8")
+            failed = str(err).splitlines()[0][:300]
+    wall = log_seconds(text)
     curve = runs.valid_curve(text)
     losses = train_losses(text)
     reason = diverged_reason(curve, losses, failed)
