@@ -195,9 +195,11 @@ verify_archive() {
 }
 
 # log_download_progress FILE: a log line with FILE's size every $REALFORMER_PROGRESS_SECONDS
-# seconds (default 30), until killed (download_file runs it in the background)
+# seconds (default 30; at least 1), until killed (download_file runs it in the background)
 log_download_progress() {
-    while sleep "${REALFORMER_PROGRESS_SECONDS:-30}"; do
+    local every=${REALFORMER_PROGRESS_SECONDS:-30}
+    [[ "$every" =~ ^[0-9]+$ ]] && ((every >= 1)) || every=1
+    while sleep "$every"; do
         log "downloading $(basename "$1"): $(stat -c %s "$1" 2>/dev/null || echo 0) bytes so far"
     done
 }
