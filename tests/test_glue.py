@@ -15,7 +15,14 @@ from pathlib import Path
 
 import pytest
 from glue_fixtures import COLUMNS, DIAGNOSTIC, FIXTURES, SUBSET, write_glue, write_tsv
-from harness import REPO_ROOT, SHARED_DATA, USER_DIR, pipeline_module, realformer_tf_fixture
+from harness import (
+    REPO_ROOT,
+    SHARED_DATA,
+    USER_DIR,
+    import_realformer_tf_fixture,
+    pipeline_module,
+    realformer_tf_fixture,
+)
 
 GLUE = REPO_ROOT / "examples" / "glue"
 FAIRSEQ_FINETUNING = (
@@ -889,12 +896,7 @@ def cased_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("cased")
     vocab = [CASED_WORDS.get(t, t) for t in lines(realformer_tf_fixture("vocab.txt"))]
     (root / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
-    ok(subprocess.run(
-        [Path(sys.executable).parent / "realformer-import-tf", "--tf-checkpoint",
-         realformer_tf_fixture("model.ckpt"), "--bert-config",
-         realformer_tf_fixture("bert_config.json"), "--vocab", root / "vocab.txt",
-         "--out", root / "model"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ))  # fmt: skip
+    import_realformer_tf_fixture(root / "model", root / "vocab.txt")
     glue = write_glue(root / "glue", ["RTE"])
     header, *rows = FIXTURES["RTE"]["dev.tsv"]
     write_tsv(glue / "RTE" / "dev.tsv", [header, ["0", *CASED_PAIR, "entailment"]])
@@ -976,12 +978,7 @@ def long_pair(tmp_path_factory):
     """realformer-import-tf of the TF fixture (WordPiece, BERT's pair layout, 64 positions) and
     RTE files whose dev.tsv line 4 is the LONG_A / LONG_B pair."""
     root = tmp_path_factory.mktemp("long_pair")
-    ok(subprocess.run(
-        [Path(sys.executable).parent / "realformer-import-tf", "--tf-checkpoint",
-         realformer_tf_fixture("model.ckpt"), "--bert-config", realformer_tf_fixture("bert_config.json"),
-         "--vocab", realformer_tf_fixture("vocab.txt"), "--out", root / "model"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ))  # fmt: skip
+    import_realformer_tf_fixture(root / "model")
     assert len(LONG_A) == 40 and len(LONG_B) == 30
     glue = write_glue(root / "glue", ["RTE"])
     rows = FIXTURES["RTE"]["dev.tsv"] + [["2", " ".join(LONG_A), " ".join(LONG_B), "entailment"]]

@@ -15,7 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import REPO_ROOT, SHARED_DATA, pipeline_module, realformer_tf_fixture
+from harness import (
+    REPO_ROOT,
+    SHARED_DATA,
+    import_realformer_tf_fixture,
+    pipeline_module,
+    realformer_tf_fixture,
+)
 from squad_fixtures import (
     first_sentence_baseline,
     load_captions,
@@ -377,12 +383,7 @@ def imported_model_and_data_bin(tmp_path_factory):
     """realformer-import-tf of the TF fixture, and what finetune.sh reads of a v2.0 data-bin of
     3000 training questions for it (squad.json, prepare.env, train.idx, its dict and vocab)."""
     root = tmp_path_factory.mktemp("squad_schedule")
-    ok(subprocess.run(
-        [Path(sys.executable).parent / "realformer-import-tf", "--tf-checkpoint",
-         realformer_tf_fixture("model.ckpt"), "--bert-config", realformer_tf_fixture("bert_config.json"),
-         "--vocab", realformer_tf_fixture("vocab.txt"), "--out", root / "model"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ))  # fmt: skip
+    import_realformer_tf_fixture(root / "model")
     data_bin = root / "data-bin"
     data_bin.mkdir()
     for name in ("dict.txt", "vocab.txt"):
