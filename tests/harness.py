@@ -44,6 +44,20 @@ def realformer_tf_fixture(*parts: str) -> Path:
     return path
 
 
+def import_realformer_tf_fixture(out: Path, vocab: Optional[Path] = None) -> Path:
+    """``realformer-import-tf`` of the TF RealFormer fixture (with another ``vocab.txt`` of the
+    same 71 tokens if given) into the model folder ``out`` (model.pt, dict.txt, vocab.txt:
+    WordPiece, BERT's pair layout, 64 positions); ``out``."""
+    proc = subprocess.run(
+        [Path(sys.executable).parent / "realformer-import-tf", "--tf-checkpoint",
+         realformer_tf_fixture("model.ckpt"), "--bert-config", realformer_tf_fixture("bert_config.json"),
+         "--vocab", vocab or realformer_tf_fixture("vocab.txt"), "--out", out],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
 def pipeline_module(pipeline: str, name: str):
     """``examples/<pipeline>/<name>.py`` imported as that pipeline's scripts import it: with its
     folder first on ``sys.path`` for the import (its modules import their siblings by name), which

@@ -509,6 +509,29 @@ def test_download_rejects_corrupt_archive_and_bad_checksum(tmp_path, mirror):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def test_a_redirected_prepare_log_has_progress_lines_and_no_carriage_returns(tmp_path, mirror):
+    """`prepare.sh > log 2>&1` (downloads, then every stage): curl's meter and learn-bpe's bar
+    draw only on a terminal; in a file, fairseq-style progress lines instead. Before: curl's
+    meter and subword-nmt's tqdm bar wrote carriage-return updates into the log."""
+    log = tmp_path / "prepare.log"
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1",
+               REALFORMER_PROGRESS_SECONDS="0")  # fmt: skip
+    with open(log, "wb") as fh:
+        rc = subprocess.run(
+            ["bash", str(EXAMPLE / "prepare.sh"), "--work-dir", str(tmp_path / "work"),
+             "--mirror", f"file://{mirror}", "--bpe-size", "200", "--workers", "1"],
+            stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=900,
+        ).returncode  # fmt: skip
+    text = log.read_bytes().decode("utf-8")
+    assert rc == 0, text[-3000:]
+    assert text.count("\r") == 0
+    assert len(re.findall(r"\| INFO \| wmt14_en_fr \| downloaded \S+\.part: \d+ bytes", text)) == 7
+    # learn-bpe's periodic lines (every merge at REALFORMER_PROGRESS_SECONDS=0), then its last
+    merges = re.findall(r"\| INFO \| wmt14_en_fr \| learn-bpe: (\d+) merges, \d+ merges/s\n", text)
+    assert len(merges) >= 10 and merges == sorted(merges, key=int), merges[:20]
+    assert re.search(r"\| learn-bpe: \d+ merges, \d+ merges/s \(done\)\n", text)
+
+
 # ------------------------------------------------------------------ train.sh commands
 
 # The reference, written out here (not read from recipes.py): Transformer-Clinic

@@ -10,6 +10,7 @@ Expected values are written here from the references: Google's released English 
 
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -521,6 +522,34 @@ def test_end_to_end_writes_every_checkpoints_line_the_json_plot_and_next_command
     """The quick run through the three scripts: what evaluate.sh writes and prints (the accuracy
     the model reaches is the slow test's)."""
     check_evaluate_output(*pretrained, QUICK_UPDATES)
+
+
+def test_evaluate_prints_one_header_and_one_line_per_checkpoint(pretrained):
+    """evaluate.sh's whole output: on stderr one header (the held-out split, its masking and the
+    frequency baseline), on stdout one line per checkpoint, the best, the next commands. Before:
+    fairseq's INFO lines three times per checkpoint, and matplotlib's DEBUG lines (importing
+    fairseq sets the root logger to DEBUG)."""
+    data_bin, proc, _ = pretrained
+    root = data_bin.parent.parent
+    number = r"\d+\.\d\d"
+    assert re.fullmatch(
+        rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d \| INFO \| pretrain_bert \| held-out split of "
+        rf"{re.escape(str(data_bin))}: \d+ masked tokens scored \(masking seed 12345, fingerprint "
+        rf"[0-9a-f]{{16}}; \d+ masked <s>/</s> not counted\); frequency baseline \('a' "
+        rf"everywhere\) {number} %\n",
+        proc.stderr,
+    ), proc.stderr[:3000]
+    lines = proc.stdout.splitlines()
+    checkpoints = [root / "realformer" / f"checkpoint_1_{u}.pt" for u in (10, 20, 30)]
+    checkpoints.append(root / "postln" / "checkpoint_1_10.pt")
+    for line, path, update in zip(lines, checkpoints, (10, 20, 30, 10)):
+        assert re.fullmatch(
+            rf"{re.escape(str(path))} \(update {update}\): masked-token accuracy {number} % on "
+            rf"\d+ held-out masked tokens, loss \d+\.\d{{3}} bits \(frequency baseline {number} %\)",
+            line,
+        ), line
+    assert lines[4].startswith("best: ") and lines[5].startswith("next, GLUE and SQuAD")
+    assert len(lines) == 12 and all(x.startswith("  bash examples/") for x in lines[6:])
 
 
 @pytest.mark.slow

@@ -15,7 +15,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from harness import REPO_ROOT, SHARED_DATA, pipeline_module, realformer_tf_fixture
+from harness import (
+    REPO_ROOT,
+    SHARED_DATA,
+    import_realformer_tf_fixture,
+    pipeline_module,
+    realformer_tf_fixture,
+)
 from squad_fixtures import (
     first_sentence_baseline,
     load_captions,
@@ -370,6 +376,55 @@ def test_finetune_command_is_berts_recipe(readme_run):
     message = one_error_line(bash("finetune.sh", "--data-bin", data_bin, "--checkpoint", model / "model.pt",
                                   "--dry-run", "--", "--task", "masked_lm"))  # fmt: skip
     assert message.startswith("--task after --: finetune.sh sets it")
+
+
+@pytest.fixture(scope="module")
+def imported_model_and_data_bin(tmp_path_factory):
+    """realformer-import-tf of the TF fixture, and what finetune.sh reads of a v2.0 data-bin of
+    3000 training questions for it (squad.json, prepare.env, train.idx, its dict and vocab)."""
+    root = tmp_path_factory.mktemp("squad_schedule")
+    import_realformer_tf_fixture(root / "model")
+    data_bin = root / "data-bin"
+    data_bin.mkdir()
+    for name in ("dict.txt", "vocab.txt"):
+        shutil.copy(root / "model" / name, data_bin / name)
+    (data_bin / "train.idx").write_bytes(b"")
+    (data_bin / "prepare.env").write_text("", encoding="utf-8")
+    (data_bin / "squad.json").write_text(json.dumps({
+        "squad_version": "2.0", "subsets": {"train": {"examples": 3000}}, "casing": "uncased",
+        "pair_layout": "bert"}), encoding="utf-8")  # fmt: skip
+    return root / "model" / "model.pt", data_bin
+
+
+# run_squad.py's schedule, computed here by hand for 3000 training questions, 2 epochs:
+# int(3000 / batch * 2.0) updates, int(updates * 0.1) warm-up; --max-update alone: 10 % of it
+@pytest.mark.parametrize(
+    "options, batch_per_gpu, updates, warmup",
+    [
+        ([], 12, 250, 25),  # the recipe's batch 24: 3000 / 24 * 2 = 250
+        (["--batch-size", "32"], 16, 187, 18),  # 187.5 -> 187, 18.7 -> 18
+        (["--batch-size", "32", "--warmup", "5"], 16, 187, 5),
+        (["--max-update", "100"], 12, 100, 10),
+        (["--warmup", "7"], 12, 250, 7),
+        (["--batch-size", "10", "--max-update", "33"], 5, 33, 3),
+    ],
+)
+def test_finetune_schedule_is_run_squads_for_the_chosen_batch(
+    imported_model_and_data_bin, options, batch_per_gpu, updates, warmup
+):
+    """finetune.sh takes the schedule from recipes.schedule (one formula, no copy in shell): the
+    fairseq-train command's batch, updates and warm-up, over 2 GPUs."""
+    checkpoint, data_bin = imported_model_and_data_bin
+    proc = ok(bash("finetune.sh", "--data-bin", data_bin, "--checkpoint", checkpoint, "--gpus", "2",
+                   *options, "--dry-run"))  # fmt: skip
+    words = shlex.split(proc.stdout)
+    values = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+    flags = ("--batch-size", "--max-update", "--warmup-updates")
+    assert [words.count(f) for f in flags] == [1, 1, 1]
+    assert (values["--batch-size"], values["--max-update"], values["--total-num-update"],
+            values["--warmup-updates"]) == (str(batch_per_gpu), str(updates), str(updates),
+                                            str(warmup))  # fmt: skip
+    assert f"batch {batch_per_gpu * 2} (2 x {batch_per_gpu})" in proc.stderr
 
 
 def test_readme_recipe_table_is_the_recipe_module():

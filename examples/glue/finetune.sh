@@ -137,6 +137,13 @@ if [[ -n "$MODEL_MAX_POSITIONS" && "$MODEL_MAX_POSITIONS" != "$P_MAX_POSITIONS" 
     log "--max-positions $MODEL_MAX_POSITIONS (the model's; the recipe's $P_MAX_POSITIONS is RoBERTa's)"
     set_flag --max-positions "$MODEL_MAX_POSITIONS"
 fi
+# the data-bin's lengths (prepare.sh records them): its longest example fits the model in this
+# pair layout, and within the --max-seq-length prepare.sh cut the examples to, if it did
+if [[ -f "$DATA_BIN/prepare.env" ]]; then
+    glue_tools check-lengths --task "$TASK" --data-bin "$DATA_BIN" --pair-layout "$PAIR_LAYOUT" \
+        --positions "${MODEL_MAX_POSITIONS:-$P_MAX_POSITIONS}" || exit 1
+    data_cut_log
+fi
 # Flags finetune.sh builds itself: after "--" they are refused (fairseq-train would take the last
 # value and fine-tune another model, or data, than the one finetune.sh logs and checks); a flag of
 # the recipe replaces the recipe's value (apply_extra, ../common/pipeline.sh)

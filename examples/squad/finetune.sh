@@ -90,8 +90,16 @@ fi
 # RECIPE_TRAIN and P_* (recipes.py)
 NO_FP16=()
 [[ $FP16 == 1 ]] || NO_FP16=(--no-fp16)
-RECIPE_SH="$("$PYTHON" "$PIPELINE_DIR/recipes.py" shell --version "$VERSION" --train-examples "$TRAIN_EXAMPLES" "${NO_FP16[@]}")" || exit 1
+# the schedule (recipes.schedule: run_squad.py's int(examples / batch * 2) updates, 10 % warm-up)
+# of the batch, updates and warm-up given here
+SCHEDULE=()
+[[ -z "$BATCH" ]] || SCHEDULE+=(--batch-size "$BATCH")
+[[ -z "$MAX_UPDATE" ]] || SCHEDULE+=(--max-update "$MAX_UPDATE")
+[[ -z "$WARMUP" ]] || SCHEDULE+=(--warmup "$WARMUP")
+RECIPE_SH="$("$PYTHON" "$PIPELINE_DIR/recipes.py" shell --version "$VERSION" --train-examples "$TRAIN_EXAMPLES" \
+    "${SCHEDULE[@]}" "${NO_FP16[@]}")" || exit 1
 eval "$RECIPE_SH"
+BATCH=$P_BATCH
 
 own_option_of() {
     case "$1" in
@@ -119,17 +127,6 @@ own_option_of() {
 RECIPE="BERT's SQuAD v$VERSION recipe"
 apply_extra
 
-# the schedule: run_squad.py's int(examples / batch * 2) updates, 10 % warm-up
-BATCH=${BATCH:-$P_BATCH}
-if [[ -z "$MAX_UPDATE" && "$BATCH" != "$P_BATCH" ]]; then
-    MAX_UPDATE=$("$PYTHON" -c "import sys; print(int(int(sys.argv[1]) / int(sys.argv[2]) * 2.0))" "$TRAIN_EXAMPLES" "$BATCH")
-fi
-if [[ -n "$MAX_UPDATE" ]]; then
-    set_flag --max-update "$MAX_UPDATE"
-    set_flag --total-num-update "$MAX_UPDATE"
-    [[ -n "$WARMUP" ]] || WARMUP=$((MAX_UPDATE / 10))
-fi
-[[ -z "$WARMUP" ]] || set_flag --warmup-updates "$WARMUP"
 [[ -z "$LR" ]] || set_flag --lr "$LR"
 [[ -z "$SEED" ]] || set_flag --seed "$SEED"
 [[ -z "$LOG_INTERVAL" ]] || set_flag --log-interval "$LOG_INTERVAL"

@@ -142,18 +142,29 @@ FP16_FLAGS = ("--fp16",)
 
 
 def cmd_shell(args):
-    """bash assignments for finetune.sh: RECIPE_TRAIN (array), the batch, updates and warm-up,
-    and the feature and decoding settings."""
+    """bash assignments for finetune.sh: RECIPE_TRAIN (array) with the schedule of the batch
+    the user chose (``--batch-size``: run_squad.py's updates for that batch, :func:`schedule`;
+    ``--max-update`` / ``--warmup`` replace the updates / the warm-up, ``--max-update`` alone
+    keeps the 10 % warm-up), and P_BATCH, P_UPDATES, P_WARMUP (those values), P_LR and the
+    feature settings."""
     if args.train_examples < 1:
         raise InputError("--train-examples must be at least 1")
+    batch = args.batch_size or BATCH[args.version]
+    updates, warmup = schedule(args.train_examples, batch)
+    if args.max_update is not None:
+        updates, warmup = args.max_update, int(args.max_update * WARMUP_PROPORTION)
+    if args.warmup is not None:
+        warmup = args.warmup
+    values = {"--batch-size": batch, "--max-update": updates, "--total-num-update": updates,
+              "--warmup-updates": warmup}  # fmt: skip
     flags: List[str] = []
     for flag, value, _ in recipe(args.version, args.train_examples):
         if args.no_fp16 and flag in FP16_FLAGS:
             continue
+        value = str(values[flag]) if flag in values else value
         flags += [flag] if value is None else [flag, value]
-    updates, warmup = schedule(args.train_examples, BATCH[args.version])
     print("RECIPE_TRAIN=(" + " ".join(shlex.quote(f) for f in flags) + ")")
-    print(f"P_BATCH={BATCH[args.version]} P_UPDATES={updates} P_WARMUP={warmup} P_LR={LR} "
+    print(f"P_BATCH={batch} P_UPDATES={updates} P_WARMUP={warmup} P_LR={LR} "
           f"P_MAX_SEQ_LENGTH={MAX_SEQ_LENGTH} P_DOC_STRIDE={DOC_STRIDE} "
           f"P_MAX_QUERY_LENGTH={MAX_QUERY_LENGTH}")  # fmt: skip
 
@@ -177,6 +188,9 @@ def get_parser():
     s.add_argument("--version", required=True, choices=VERSIONS)
     s.add_argument("--train-examples", type=int, required=True,
                    help="training questions (the data-bin's squad.json)")  # fmt: skip
+    s.add_argument("--batch-size", type=int, help="the total batch (default: the recipe's)")
+    s.add_argument("--max-update", type=int, help="updates (default: run_squad.py's schedule)")
+    s.add_argument("--warmup", type=int, help="warm-up updates (default: 10 %% of the updates)")
     s.add_argument("--no-fp16", action="store_true")
     s.set_defaults(fn=cmd_shell)
     s = sub.add_parser("table", help="the README's recipe table")
