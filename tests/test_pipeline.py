@@ -1,6 +1,7 @@
 """examples/wmt14_en_fr: input checks of the prepare stages, resume after failure, the
 full-size train commands, RAdam, and (slow) the smoke pipeline end to end."""
 
+import functools
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import pytest
 import sacrebleu
 import torch
@@ -19,16 +21,7 @@ EXAMPLE = REPO_ROOT / "examples" / "wmt14_en_fr"
 STAGES = ["check_local", "raw", "tokenize", "learn_bpe", "apply_bpe", "clean", "binarize"]
 
 
-def bash(script, *args, timeout=900):
-    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run(
-        ["bash", str(EXAMPLE / script), *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+bash = functools.partial(harness.pipeline_bash, "wmt14_en_fr")  # bash("prepare.sh", ARGS...)
 
 
 def write_pair(prefix: Path, n: int, skip: int = 0):
@@ -61,11 +54,7 @@ def prepare(work, corpus, *extra):
 
 
 def assert_fails_naming(proc, path, problem):
-    assert proc.returncode != 0, proc.stderr
-    errors = [l for l in proc.stderr.splitlines() if l.startswith("wmt14_en_fr: error:")]
-    assert len(errors) == 1, proc.stderr
-    assert str(path) in errors[0] and problem in errors[0], errors[0]
-    assert "Traceback" not in proc.stderr
+    harness.one_error_line(proc, path, problem, prog="wmt14_en_fr")
 
 
 def done_stages(work):
