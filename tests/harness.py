@@ -152,8 +152,10 @@ ERROR_LINE = re.compile(r"^[\w.-]+: error: ")
 def pipeline_env(**extra: str) -> Dict[str, str]:
     """The environment a test runs a pipeline script in: this interpreter as ``PYTHON`` (its
     environment's console scripts first on ``PATH``), one thread."""
-    return dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}", **extra)  # fmt: skip
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")  # fmt: skip
+    env.update(extra)
+    return env
 
 
 def pipeline_bash(pipeline: str, script: str, *args, cwd=None, timeout: int = 900,

@@ -761,6 +761,35 @@ def test_evaluate_averages_the_recipes_checkpoints(tmp_path):
     assert_fails_naming(proc, "--recipe", "must be admin-clinic or realformer, got 'paper'")
 
 
+def test_a_missing_console_script_stops_with_one_line(tmp_path):
+    """Issue 46: the pipelines resolve a console script (bin_of) in their own shell before
+    running it; with none to be found, one error line naming it, nothing after it (before:
+    evaluate.sh's averaging printed the line, then ran an empty command: ": command not
+    found", a second line)."""
+    folder = tmp_path / "bin"  # PYTHON without its environment's console scripts beside it
+    folder.mkdir()
+    python = folder / "python"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    env = harness.pipeline_env(PYTHON=str(python), PATH="/usr/bin:/bin")
+    ckpts = tmp_path / "ckpt"
+    ckpts.mkdir()
+    (tmp_path / "data-bin").mkdir()
+    for epoch in (1, 2):
+        (ckpts / f"checkpoint{epoch}.pt").write_bytes(b"")
+    runs = {
+        "realformer-average-checkpoints": bash("evaluate.sh", "--data-bin", tmp_path / "data-bin",
+                                               "--checkpoint-dir", ckpts, "--average-last", "2",
+                                               env=env),
+        "fairseq-train": bash("train.sh", "--variant", "admin", "--size", "tiny", "--data-bin",
+                              tmp_path / "data-bin", "--cpu", "--dry-run", env=env),
+    }  # fmt: skip
+    for name, proc in runs.items():
+        harness.one_error_line(proc, name, "not found", prog="wmt14_en_fr")
+        assert "command not found" not in proc.stderr, proc.stderr
+        assert proc.stderr.splitlines()[-1].startswith("wmt14_en_fr: error: "), proc.stderr
+
+
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """prepare.sh on 300 Multi30k pairs, then train.sh --size tiny --cpu for 6 updates (every
