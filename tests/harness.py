@@ -143,6 +143,12 @@ def run(
     return proc.stdout
 
 
+# a command's environment with this entry runs it as a process of its own, never forked by the
+# suite's fork server: for commands run twice and compared for determinism (forked commands share
+# the server's hash seed; tests/fork_server.py)
+FRESH_PROCESS = {"REALFORMER_TEST_FORK_SERVER": "0"}
+
+
 # ------------------------------------------------------------------ the pipelines' scripts
 
 # an error line of any of the project's programs: "PROG: error: MESSAGE"

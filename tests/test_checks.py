@@ -121,7 +121,10 @@ def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
     import subprocess
     import sys
 
-    from harness import fairseq_command
+    from harness import FRESH_PROCESS, fairseq_command
+
+    # both ways fresh: outputs compared across processes must not share the fork server's hash seed
+    fresh = dict(os.environ, **FRESH_PROCESS)
 
     text = tmp_path / "text"
     text.mkdir()
@@ -139,7 +142,7 @@ def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
     jobs = [("input0", "dict.txt"), ("label", "label.dict.txt")]
     for name, dict_file in jobs:
         proc = subprocess.run([fairseq_command("fairseq-preprocess"),
-                               *args(name, dict_file, tmp_path / "by_command")],
+                               *args(name, dict_file, tmp_path / "by_command")], env=fresh,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-2000:]
     commands = tmp_path / "commands"
@@ -148,7 +151,7 @@ def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
                     *args(name, dict_file, tmp_path / "in_one")]) + "\n"
         for name, dict_file in jobs))  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "realformer_pipelines.tools",
-                           "preprocess-commands", str(commands)],
+                           "preprocess-commands", str(commands)], env=fresh,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert proc.returncode == 0 and proc.stdout == "", proc.stderr[-2000:]
     for name, dict_file in jobs:
