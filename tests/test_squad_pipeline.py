@@ -402,3 +402,34 @@ def test_evaluate_reads_the_data_bin_given(readme_run, tmp_path):
     assert scores["data_bin"] == str(copy)
     assert scores["runs"][0]["scores"] == scores_of(root)["runs"][0]["scores"]
     assert len(scores["runs"]) == 1
+
+
+def test_evaluate_warns_that_v11_has_no_null_threshold(tmp_path):
+    """evaluate.sh --threshold / --no-tune on SQuAD v1.1, which has no null threshold: one
+    warning each, as realformer-squad predict --tune-threshold on v1.1, and the stage is the one
+    without them (its settings, which --dry-run prints, are the same)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat"]
+    (model / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (model / "dict.txt").write_text("".join(f"{token} 1\n" for token in vocab[5:]))
+    qas = [{"id": "q", "question": "the cat", "answers": [{"text": "cat", "answer_start": 4}]}]
+    dev = write_json(tmp_path / "dev-v1.1.json", {"version": "1.1", "data": [
+        {"title": "t", "paragraphs": [{"context": "the cat sat", "qas": qas}]}]})  # fmt: skip
+    data_bin = tmp_path / "data-bin"
+    ok(subprocess.run([str(Path(sys.executable).parent / "realformer-squad"), "features",
+                       "--predict-file", str(dev), "--dest", str(data_bin), "--vocab",
+                       str(model / "vocab.txt"), "--uncased", "--max-seq-length", "32",
+                       "--max-query-length", "8"], env=pipeline_env(), stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    checkpoint = tmp_path / "ft" / "checkpoint_last.pt"  # --dry-run: not read
+    args = ["--data-bin", data_bin, "--checkpoint", checkpoint, "--dry-run"]
+    plain = ok(bash("evaluate.sh", *args))
+    flagged = ok(bash("evaluate.sh", *args, "--threshold", "-1.5", "--no-tune"))
+    assert flagged.stdout == plain.stdout and "stage predict: to run" in plain.stdout
+    warnings = [
+        line.split(" | ")[-1] for line in flagged.stderr.splitlines() if " | WARNING | " in line
+    ]
+    assert warnings == ["--threshold: SQuAD v1.1 has no null threshold (ignored)",
+                        "--no-tune: SQuAD v1.1 has no null threshold to tune (ignored)"]  # fmt: skip
+    assert " | WARNING | " not in plain.stderr

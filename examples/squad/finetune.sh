@@ -2,8 +2,9 @@
 # Fine-tune a pre-trained RealFormer / BERT encoder on SQuAD (RealFormer, He et al. 2020, arXiv
 # 2012.11747: "the standard BERT fine-tuning procedure", google-research/bert run_squad.py):
 # fairseq-train --task squad --criterion squad_span from the checkpoint, with BERT's recipe
-# (recipes.py: lr 3e-5, 2 epochs, 10 % warm-up then linear decay, batch 12 (v1.1) / 24 (v2.0),
-# Adam eps 1e-6, weight decay 0.01, clipping 1.0) and the checkpoint's own model flags.
+# (recipes.py: lr 3e-5, 2 epochs, 10 % warm-up then linear decay, batch 24 as BERT's README's
+# Cloud TPU commands, Adam eps 1e-6, weight decay 0.01, clipping 1.0) and the checkpoint's own
+# model flags.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
 source "$PIPELINE_DIR/stages.sh"
