@@ -5,6 +5,7 @@ from GLUE files to server files, and one real end-to-end run on CPU (masked_lm p
 a tiny RealFormer BERT, finetune.sh, evaluate.sh) on a translation-pair task in MRPC's layout."""
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import pytest
 from glue_fixtures import COLUMNS, DIAGNOSTIC, FIXTURES, SUBSET, write_glue, write_tsv
 from harness import (
@@ -20,6 +22,7 @@ from harness import (
     SHARED_DATA,
     USER_DIR,
     import_realformer_tf_fixture,
+    ok,
     pipeline_module,
     realformer_tf_fixture,
 )
@@ -30,28 +33,8 @@ FAIRSEQ_FINETUNING = (
 )
 
 
-def bash(script, *args, timeout=900):
-    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run(
-        ["bash", str(GLUE / script), *map(str, args)], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=env, timeout=timeout,
-    )  # fmt: skip
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
-def one_error_line(proc, *parts):
-    """Exit 1, no traceback, exactly one 'glue: error:' line, holding every part."""
-    assert proc.returncode == 1, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("glue: error:")]
-    assert len(errors) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    for part in parts:
-        assert str(part) in errors[0], errors[0]
-    return errors[0]
+bash = functools.partial(harness.pipeline_bash, "glue")  # bash("prepare.sh", ARGS...)
+one_error_line = functools.partial(harness.one_error_line, prog="glue")
 
 
 @pytest.fixture

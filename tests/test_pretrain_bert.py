@@ -8,14 +8,15 @@ Expected values are written here from the references: Google's released English 
 ``create_pretraining_data.py``, ``modeling.py``) and Devlin et al. 2019, Appendix A.2.
 """
 
+import functools
 import json
-import os
 import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import numpy as np
 import pytest
 import torch
@@ -51,12 +52,7 @@ def tool(*args, check=True):
     return proc
 
 
-def one_error_line(proc, prog="pretrain_bert"):
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith(f"{prog}: error: ")]
-    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    return errors[0]
+one_error_line = functools.partial(harness.one_error_line, prog="pretrain_bert")
 
 
 # ------------------------------------------------------------------ vocabulary
@@ -334,10 +330,8 @@ def test_short_schedule_scales_the_warm_up():
 
 
 def script(name, *args, check=True, env=None):
-    proc = subprocess.run(
-        ["bash", str(PIPELINE / name), *map(str, args)], capture_output=True, text=True,
-        env={**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **(env or {})},
-    )  # fmt: skip
+    proc = harness.pipeline_bash("pretrain_bert", name, *args,
+                                 env=harness.pipeline_env(**(env or {})))  # fmt: skip
     if check and proc.returncode != 0:
         raise AssertionError(proc.stderr[-3000:])
     return proc

@@ -6,6 +6,7 @@ Every expected value is written here from google-research/bert ``run_squad.py`` 
 
 import argparse
 import collections
+import functools
 import json
 import math
 import re
@@ -13,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import numpy as np
 import pytest
 import torch
@@ -495,13 +497,7 @@ def test_squad_eval_command_prints_one_json_line(tmp_path, capsys):
     )
 
 
-def one_error_line(proc, prog="realformer-squad-eval"):
-    """Exit 1, no traceback, exactly one error line; returns its message."""
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith(f"{prog}: error: ")]
-    assert len(errors) == 1, proc.stderr
-    return errors[0][len(f"{prog}: error: ") :]
+one_error_line = functools.partial(harness.one_error_line, prog="realformer-squad-eval")
 
 
 # ------------------------------------------------------------------ the recipe

@@ -5,6 +5,7 @@ scores, the model's casing / pair layout / vocabulary read from the model, finet
 command, one-line errors naming the file and the question, the hub from raw text. One fine-tuned
 model (a session fixture) serves every test that needs one."""
 
+import functools
 import json
 import os
 import re
@@ -14,11 +15,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import pytest
 from harness import (
     REPO_ROOT,
     SHARED_DATA,
     import_realformer_tf_fixture,
+    ok,
+    pipeline_env,
     pipeline_module,
     realformer_tf_fixture,
 )
@@ -42,30 +46,8 @@ TINY_FINETUNE = "--cpu --lr 5e-3 --batch-size 32 --max-update {updates} --seed {
 UPDATES, SEED = 1600, 2
 
 
-def env():
-    return dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # fmt: skip
-
-
-def bash(script, *args, cwd=None, timeout=900):
-    return subprocess.run(["bash", str(SQUAD / script), *map(str, args)], cwd=cwd, env=env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=timeout)  # fmt: skip
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
-def one_error_line(proc, prog="squad"):
-    """Exit 1, no traceback, exactly one 'PROG: error:' line; returns its message."""
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if re.match(r"^[\w-]+: error: ", line)]
-    assert len(errors) == 1, proc.stderr[-3000:]
-    assert errors[0].startswith(f"{prog}: error: "), errors[0]
-    return errors[0][len(f"{prog}: error: ") :]
+bash = functools.partial(harness.pipeline_bash, "squad")  # bash("prepare.sh", ARGS...)
+one_error_line = functools.partial(harness.one_error_line, prog="squad")
 
 
 def readme_blocks():
@@ -127,7 +109,7 @@ def run_readme(root: Path, updates: int) -> dict:
         # finetune.sh's own options first, then "-- fairseq-train flags" at the end of the command
         block = re.sub(r"(bash examples/squad/finetune\.sh(?:[^\n]*\\\n)*[^\n]*)",
                        lambda m: m.group(1) + " " + finetune, block)  # fmt: skip
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=root, env=env(),
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=root, env=pipeline_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         assert proc.returncode == 0, (i, block, proc.stderr[-4000:])
         out[i] = proc
@@ -495,7 +477,7 @@ def test_evaluate_warns_that_v11_has_no_null_threshold(tmp_path):
     ok(subprocess.run([str(Path(sys.executable).parent / "realformer-squad"), "features",
                        "--predict-file", str(dev), "--dest", str(data_bin), "--vocab",
                        str(model / "vocab.txt"), "--uncased", "--max-seq-length", "32",
-                       "--max-query-length", "8"], env=env(), stdout=subprocess.PIPE,
+                       "--max-query-length", "8"], env=pipeline_env(), stdout=subprocess.PIPE,
                       stderr=subprocess.PIPE, text=True))  # fmt: skip
     checkpoint = tmp_path / "ft" / "checkpoint_last.pt"  # --dry-run: not read
     args = ["--data-bin", data_bin, "--checkpoint", checkpoint, "--dry-run"]

@@ -45,7 +45,10 @@ die() {
     exit 1
 }
 
-# bin_of NAME: a console script of this environment (fairseq-train, ...), else from PATH
+# bin_of NAME: a console script of this environment (fairseq-train, ...), else from PATH. Resolve
+# it in the script's own shell, then run it: `exe=$(bin_of NAME) || exit 1; "$exe" ARGS`, never
+# "$(bin_of NAME)" ARGS (there die ends only the command substitution, and bash then runs an
+# empty command name: a second line, ": command not found")
 bin_of() {
     if [[ -x "$PYBIN/$1" ]]; then echo "$PYBIN/$1"; else command -v "$1" || die "$1: not found (pip install -e .)"; fi
 }

@@ -185,8 +185,9 @@ fi
 [[ -z "$SEED" ]] || set_flag --seed "$SEED"
 [[ -z "$LOG_INTERVAL" ]] || set_flag --log-interval "$LOG_INTERVAL"
 
+FAIRSEQ_TRAIN=$(bin_of fairseq-train) || exit 1
 TRAIN_CMD=(
-    "$(bin_of fairseq-train)" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
+    "$FAIRSEQ_TRAIN" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
     "${MODEL_BPE_FLAGS[@]}" "${RECIPE_TRAIN[@]}" --finetune-from-model "$CHECKPOINT" --save-dir "$SAVE_DIR"
 )
 [[ $CPU == 1 ]] && TRAIN_CMD+=(--cpu)

@@ -58,13 +58,14 @@ stage_tokenize() {
     mkdir -p "$WORK/tok"
     local name
     if [[ $TOKENIZER == wordpiece ]]; then # every file in one process
-        local case_flag=(--uncased) ins=() outs=()
+        local case_flag=(--uncased) ins=() outs=() wordpiece
+        wordpiece=$(bin_of realformer-wordpiece) || exit 1
         [[ $CASED == 1 ]] && case_flag=(--cased)
         for name in $(split_inputs); do
             ins+=("$WORK/split/$name")
             outs+=("$WORK/tok/$name.tmp")
         done
-        "$(bin_of realformer-wordpiece)" --vocab "$VOCAB" "${case_flag[@]}" \
+        "$wordpiece" --vocab "$VOCAB" "${case_flag[@]}" \
             --inputs "${ins[@]}" --outputs "${outs[@]}" || die "realformer-wordpiece failed on $WORK/split"
         for name in $(split_inputs); do mv "$WORK/tok/$name.tmp" "$WORK/tok/$name"; done
         return 0

@@ -403,4 +403,7 @@ def quiet_library_logging():
 
 if __name__ == "__main__":
     quiet_library_logging()
+    from realformer_pipelines.startup import mark_console_command
+
+    mark_console_command()  # this process is the command
     sys.exit(main())

@@ -144,8 +144,9 @@ set_flag --batch-size $((BATCH / GPUS))
 
 # the tokenisation recorded in every checkpoint (what the model knows, for the hub and later steps)
 WORDPIECE=(--bpe wordpiece --wordpiece-vocab "$DATA_BIN/vocab.txt" "--wordpiece-$DATA_CASING")
+FAIRSEQ_TRAIN=$(bin_of fairseq-train) || exit 1
 TRAIN_CMD=(
-    "$(bin_of fairseq-train)" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
+    "$FAIRSEQ_TRAIN" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
     ${MODEL_MAX_POSITIONS:+--max-positions "$MODEL_MAX_POSITIONS"} "${RECIPE_TRAIN[@]}" "${WORDPIECE[@]}" --finetune-from-model "$CHECKPOINT" --save-dir "$SAVE_DIR"
 )
 if [[ $CPU == 1 ]]; then
