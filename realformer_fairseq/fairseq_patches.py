@@ -2,7 +2,7 @@
 
 fairseq imports a ``--user-dir`` plugin inside each console command before it reads a
 checkpoint, an input line or a batch, and offers no extension point for any of them, so these
-three fairseq functions and one class are wrapped or replaced (each replacement is idempotent,
+four fairseq functions and one class are wrapped or replaced (each replacement is idempotent,
 calls fairseq's own code and changes only what its module docstring says), and the fairseq
 modules that ask for a numpy alias the running numpy no longer has (or a keyword it no longer
 takes) get their own ``np`` with it (nothing where numpy has it; the one alias not supplied, and
@@ -22,6 +22,11 @@ load_checkpoint_to_cpu``                   fairseq's checkpoints hold a Namespac
                                            file (torch's zip-reader ``RuntimeError``)
                                            becomes ``RealformerCheckpointError``: one line
                                            under fairseq's commands.
+``fairseq.checkpoint_utils.                a file torch reads that is no checkpoint (a     :mod:`.checkpoint_compat`
+_upgrade_state_dict`` (called by           bare state dict) fails in its first upgrade
+``load_checkpoint_to_cpu`` alone)          step: ``KeyError: 'best_loss'``. Checks for
+                                           the model state and config first: one
+                                           ``RealformerCheckpointError`` naming the file.
 ``fairseq_cli.interactive.make_batches``   one input line longer than the model's          :mod:`.interactive_compat`
 (only when ``fairseq_cli.interactive``     source positions ends ``fairseq-interactive``
 is loaded, i.e. under that command)        with a traceback and the rest of the input

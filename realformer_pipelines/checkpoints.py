@@ -13,7 +13,10 @@ from .startup import heavy_imports
 
 def load_checkpoint(path: str, arg_overrides: Optional[dict] = None) -> dict:
     """fairseq's checkpoint, its config updated with ``arg_overrides`` (fairseq applies them here
-    only: ``load_model_ensemble_and_task(state=...)`` does not)."""
+    only: ``load_model_ensemble_and_task(state=...)`` does not), read by the plugin's one reader
+    (:func:`realformer_fairseq.checkpoint_compat.read_checkpoint`: a missing, unreadable or
+    corrupt file, one that is no fairseq checkpoint and an unregistered --arch are an
+    :class:`InputError`; anything else keeps its traceback)."""
     if not os.path.isfile(path):
         raise InputError(f"{path}: missing checkpoint file")
     import logging
@@ -21,14 +24,9 @@ def load_checkpoint(path: str, arg_overrides: Optional[dict] = None) -> dict:
     # importing fairseq logs "Please install tensorboardX" (its speech task) at INFO
     logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
     with heavy_imports():
-        from fairseq import checkpoint_utils
+        from realformer_fairseq.checkpoint_compat import read_checkpoint
 
-        import realformer_fairseq  # noqa: F401  (registers the models; safe torch.load)
-
-    try:
-        return checkpoint_utils.load_checkpoint_to_cpu(path, arg_overrides)
-    except Exception as err:  # fairseq raises bare exceptions for unreadable files
-        raise InputError(f"{path}: not a fairseq checkpoint ({str(err).splitlines()[0]})")
+    return read_checkpoint(path, arg_overrides)
 
 
 def cfg_get(cfg, key, default=None):

@@ -4,7 +4,10 @@ Library code raises :class:`InputError` (a ``ValueError`` whose message is one l
 input file, a flag that contradicts the model, ...); only a console command's entry point turns
 it into ``PROG: error: <message>`` on stderr and exit status 1, with :func:`exit_with_one_line`
 (a decorator of the command's ``main``) or :func:`run_cli` (an argparse parser whose
-sub-commands set ``fn``). The plugin's :class:`realformer_fairseq.errors.RealformerConfigError`
+sub-commands set ``fn``). Neither changes the process: a ``main`` called from Python code
+(tests, notebooks) leaves it as it was; only the console-script entry point itself
+(``cli_main``, a script's ``if __name__ == "__main__"`` block) calls
+:func:`realformer_pipelines.startup.mark_console_command`. The plugin's :class:`realformer_fairseq.errors.RealformerConfigError`
 is an :class:`InputError`, so the same helper serves every console command of the project.
 """
 
@@ -35,9 +38,6 @@ def exit_with_one_line(prog: str):
     def decorate(fn):
         @functools.wraps(fn)
         def wrapper(*args, **kwargs):
-            from .startup import mark_console_command
-
-            mark_console_command()  # its heavy imports without GC scans (startup.py)
             try:
                 return fn(*args, **kwargs)
             except BrokenPipeError:  # the reader went away (| head): no error line to write

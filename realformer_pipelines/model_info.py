@@ -55,6 +55,7 @@ class ModelInfo:
     dictionary: Optional[str]  # the fairseq dict.txt of its embeddings
     type_vocab_size: int
     pair_layout_known: bool = True  # False: no pairs in its training (a choice, not a fact)
+    max_positions: Optional[int] = None  # its position embeddings (None: not in its config)
 
     def bpe_flags(self) -> List[str]:
         """The fairseq flags of its tokenisation (``--bpe ...``), for a command that trains
@@ -74,8 +75,8 @@ class ModelInfo:
 
     def shell(self) -> str:
         """bash assignments: MODEL_TOKENIZER, MODEL_CASED (1, 0 or empty), MODEL_PAIR_LAYOUT,
-        MODEL_VOCAB, MODEL_DICT (empty when unknown), MODEL_CHECKPOINT, and the array
-        MODEL_BPE_FLAGS (bpe_flags)."""
+        MODEL_VOCAB, MODEL_DICT, MODEL_MAX_POSITIONS (empty when unknown), MODEL_CHECKPOINT,
+        and the array MODEL_BPE_FLAGS (bpe_flags)."""
         cased = {True: "1", False: "0", None: ""}[self.cased]
         values = {
             "MODEL_CHECKPOINT": self.checkpoint,
@@ -84,6 +85,7 @@ class ModelInfo:
             "MODEL_PAIR_LAYOUT": self.pair_layout,
             "MODEL_VOCAB": self.vocab or "",
             "MODEL_DICT": self.dictionary or "",
+            "MODEL_MAX_POSITIONS": str(self.max_positions or ""),
         }
         lines = [f"{k}={shlex.quote(v)}" for k, v in values.items()]
         lines.append("MODEL_BPE_FLAGS=(" + " ".join(map(shlex.quote, self.bpe_flags())) + ")")
@@ -162,8 +164,10 @@ def info_from_state(state: dict, checkpoint: str) -> ModelInfo:
             dictionary = os.path.abspath(recorded)
             break
     dictionary = dictionary or _existing(None, checkpoint, "dict.txt")
+    max_positions = cfg_get(model_cfg, "max_positions")
     return ModelInfo(os.path.abspath(checkpoint), str(arch), str(task), tokenizer, cased,
-                     pair_layout, vocab, dictionary, type_vocab_size, pair_layout_known)  # fmt: skip
+                     pair_layout, vocab, dictionary, type_vocab_size, pair_layout_known,
+                     int(max_positions) if max_positions else None)  # fmt: skip
 
 
 def read_model_info(path: str) -> ModelInfo:

@@ -6,9 +6,11 @@ CPU machine: ``python -c "import fairseq"`` 3.1 s, the same with the collector p
 objects frozen 2.05 s. Python's documentation suggests :func:`gc.freeze` for objects that live
 as long as the process, as imported modules do.
 
-Only console commands do this (:func:`~realformer_pipelines.errors.exit_with_one_line` marks
-the process as one); the same functions called from Python code import as usual, and the
-collector of that process is left as it was.
+Only console commands do this: the entry point of the process itself (a console script's
+``cli_main``, a script's ``if __name__ == "__main__"`` block) calls :func:`mark_console_command`
+first. The same commands' ``main`` functions called from Python code (tests, notebooks,
+:func:`~realformer_pipelines.errors.run_cli`) import as usual, and the collector of that process
+is left as it was.
 """
 
 import contextlib

@@ -3,6 +3,7 @@
 sentencepiece BPE (the WMT'14 pipeline's ``--bpe sentencepiece`` option). The outputs equal what
 subword-nmt's own command line writes (tests/test_pipeline.py); progress is logged."""
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -11,7 +12,7 @@ from typing import Sequence
 from .checks import count_lines_utf8
 from .errors import InputError
 from .files import atomic_write, read_lines
-from .log import Progress, progress_lines
+from .log import Progress, bar_on_stderr, progress_lines
 
 _WORKER = {}
 
@@ -43,10 +44,30 @@ def learn_bpe(inputs: Sequence[str], output: str, symbols: int):
                 yield from progress_lines(fh, reading)
         reading.done()
 
-    merging = Progress("learn-bpe", unit="merges")
-    with atomic_write(output) as out:
+    # subword-nmt's merge bar only on a terminal; otherwise the periodic lines of `merging`
+    bar = bar_on_stderr()
+    merging = Progress("learn-bpe", unit="merges", periodic=not bar)
+    with atomic_write(output) as out, _merge_bar(bar):
         subword_nmt_learn_bpe(lines(), _CountingWriter(out, merging), symbols)
     merging.done()
+
+
+@contextlib.contextmanager
+def _merge_bar(show: bool):
+    """subword_nmt.learn_bpe's ``tqdm`` (its merge loop's bar), disabled unless ``show``,
+    for the duration of one call; put back afterwards."""
+    import subword_nmt.learn_bpe as module
+
+    original = module.tqdm
+
+    def tqdm(iterable, *args, **kwargs):
+        return original(iterable, *args, **kwargs) if show else iterable
+
+    module.tqdm = tqdm
+    try:
+        yield
+    finally:
+        module.tqdm = original
 
 
 def _init_bpe(codes: str):

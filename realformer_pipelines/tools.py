@@ -91,9 +91,9 @@ def cmd_model_info(args):
 
 
 def cmd_model_flags(args):
-    """bash assignments: MODEL_ARCH, MODEL_FLAGS (array), MODEL_MAX_POSITIONS,
-    MODEL_TYPE_VOCAB_SIZE, MODEL_TASK (the checkpoint's task), then what the model knows
-    (model-info's assignments, after the same checks)."""
+    """bash assignments: MODEL_ARCH, MODEL_FLAGS (array), MODEL_TYPE_VOCAB_SIZE, MODEL_TASK
+    (the checkpoint's task), then what the model knows (model-info's assignments, after the same
+    checks; MODEL_MAX_POSITIONS among them)."""
     from .checkpoints import cfg_get, load_checkpoint, model_flags
     from .model_info import check_agrees, check_data_fits, info_from_state, model_checkpoint
 
@@ -109,7 +109,6 @@ def cmd_model_flags(args):
     task = cfg_get(checkpoint["cfg"].get("task") or {}, "_name", "")
     print(f"MODEL_ARCH={shlex.quote(arch)}")
     print("MODEL_FLAGS=(" + " ".join(shlex.quote(f) for f in flags) + ")")
-    print(f"MODEL_MAX_POSITIONS={facts['max_positions'] or ''}")
     print(f"MODEL_TYPE_VOCAB_SIZE={facts['type_vocab_size']}")
     print(f"MODEL_TASK={shlex.quote(str(task or ''))}")
     print(info.shell())
@@ -215,4 +214,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from .startup import mark_console_command
+
+    mark_console_command()  # this process is the command
     sys.exit(main())

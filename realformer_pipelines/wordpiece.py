@@ -22,6 +22,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import InputError, exit_with_one_line
+from .startup import mark_console_command
 
 logger = logging.getLogger(__name__)
 
@@ -214,8 +215,13 @@ def _lines(path: str):
     return open(path, encoding="utf-8")
 
 
-@exit_with_one_line(PROG)
 def cli_main(argv: Optional[Sequence[str]] = None):
+    mark_console_command()  # this process is the command (startup.py)
+    sys.exit(main(argv))
+
+
+@exit_with_one_line(PROG)
+def main(argv: Optional[Sequence[str]] = None) -> int:
     args = get_parser().parse_args(argv)
     if len(args.inputs) != len(args.outputs):
         raise WordPieceError("give as many --outputs as --inputs")
@@ -247,6 +253,7 @@ def cli_main(argv: Optional[Sequence[str]] = None):
                 fin.close()
             if fout is not sys.stdout:
                 fout.close()
+    return 0
 
 
 def model_wordpiece(model: str, cased: bool = False, uncased: bool = False) -> Tuple[str, bool]:

@@ -12,7 +12,12 @@ dispositions, and exits through Python's own exit path (``atexit``, thread shutd
 finalization), so the exit status, the output and the files are those of the command typed
 (tests/test_fork_server.py compares them with the same command run fresh). What differs from an
 ``exec``: the process's parent (the server; the command's process group is its own), and the
-hash seed and the libraries' load time, which it shares with the server.
+hash seed and the libraries' load time, which it shares with the server. So a test that runs a
+command twice and compares the two runs for determinism must run them fresh
+(``REALFORMER_TEST_FORK_SERVER=0`` in their environment: ``harness.FRESH_PROCESS``, as
+tests/test_resume.py and test_checks.py's preprocess comparison do): two forked runs share one
+hash seed, so an output that depends on it (the iteration order of a set of strings) would come
+out equal twice there and differ between two fresh processes.
 
 How a command gets here: the suite (tests/conftest.py) starts a server per worker and puts
 ``tests/fork_server_hook`` on ``PYTHONPATH``; its ``sitecustomize`` (run by every Python process
@@ -23,7 +28,12 @@ resource limits, environment variables read as the libraries load, and library f
 command's ``sys.path``. Then the process hands its request and its file descriptors to the
 server, waits for the forked command, passes on SIGINT/SIGTERM/SIGHUP, and exits as it did
 (status, or the same signal). If the process dies, the server kills the command's process group.
-Anything else (a difference, no server yet, an error): the process runs the command itself.
+Until its request has reached the server (no server yet, an error connecting or sending), or
+when the server declines it (a difference) or closes the connection without a word, the process
+runs the command itself. Once the request is sent, never: the server may have started the
+command, and two copies of it (two ``fairseq-train`` in one save dir) must not run; any other
+error from then on stops the process with one line on stderr and exit status 70 (EX_SOFTWARE),
+and the server, seeing the connection close, kills the command's process group.
 
 ``REALFORMER_TEST_FORK_SERVER=0`` turns it off (every command a fresh process).
 """
@@ -198,10 +208,34 @@ def _run_in_server(address, command):
     payload = json.dumps(request).encode()
     socket.send_fds(sock, [len(payload).to_bytes(8, "big")], fds)
     sock.sendall(payload)
+    # the request is with the server: from here on the command may run there, and never here too
     reply = sock.makefile("rb")
-    first = reply.readline().decode().split()
-    if first != ["started"]:
-        return None  # the server declined: run here
+    try:
+        first = reply.readline()
+    except Exception as error:
+        _lost(error)
+    if first in (b"", b"declined\n"):
+        return None  # declined, or closed without forking (its child says "started" first): here
+    if first != b"started\n":
+        _lost(f"the server answered {first[:80]!r}")
+    try:
+        return _wait_for_command(sock, reply)
+    except BaseException as error:
+        _lost(error)
+
+
+def _lost(error):
+    """After the request was sent: stop, one line, EX_SOFTWARE (never run the command here too;
+    the server kills it when this process's connection closes)."""
+    print(f"fork server client: {error} after handing the command to the server; not running it "
+          "here too", file=sys.stderr, flush=True)  # fmt: skip
+    os._exit(70)
+
+
+def _wait_for_command(sock, reply):
+    """The forked command's (kind, value) once it exits (read from ``reply``, the connection's
+    reader); SIGINT/SIGTERM/SIGHUP passed on."""
+    import signal
 
     def forward(signum, frame):
         try:
@@ -212,14 +246,9 @@ def _run_in_server(address, command):
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(signum) != signal.SIG_IGN:
             signal.signal(signum, forward)
-    while True:
-        try:
-            line = reply.readline().decode().split()
-            break
-        except InterruptedError:
-            continue
+    line = reply.readline().decode().split()  # (PEP 475: retried after a signal handler)
     if len(line) != 2:
-        os._exit(70)  # the server went away without a status: EX_SOFTWARE
+        _lost("the server closed the connection without the command's status")
     return line[0], int(line[1])
 
 

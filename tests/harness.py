@@ -44,6 +44,20 @@ def realformer_tf_fixture(*parts: str) -> Path:
     return path
 
 
+def import_realformer_tf_fixture(out: Path, vocab: Optional[Path] = None) -> Path:
+    """``realformer-import-tf`` of the TF RealFormer fixture (with another ``vocab.txt`` of the
+    same 71 tokens if given) into the model folder ``out`` (model.pt, dict.txt, vocab.txt:
+    WordPiece, BERT's pair layout, 64 positions); ``out``."""
+    proc = subprocess.run(
+        [Path(sys.executable).parent / "realformer-import-tf", "--tf-checkpoint",
+         realformer_tf_fixture("model.ckpt"), "--bert-config", realformer_tf_fixture("bert_config.json"),
+         "--vocab", vocab or realformer_tf_fixture("vocab.txt"), "--out", out],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
 def pipeline_module(pipeline: str, name: str):
     """``examples/<pipeline>/<name>.py`` imported as that pipeline's scripts import it: with its
     folder first on ``sys.path`` for the import (its modules import their siblings by name), which
@@ -141,6 +155,58 @@ def run(
             f"command failed ({proc.returncode}): {' '.join(map(str, cmd))}\n{proc.stdout[-4000:]}"
         )
     return proc.stdout
+
+
+# a command's environment with this entry runs it as a process of its own, never forked by the
+# suite's fork server: for commands run twice and compared for determinism (forked commands share
+# the server's hash seed; tests/fork_server.py)
+FRESH_PROCESS = {"REALFORMER_TEST_FORK_SERVER": "0"}
+
+
+# ------------------------------------------------------------------ the pipelines' scripts
+
+# an error line of any of the project's programs: "PROG: error: MESSAGE"
+ERROR_LINE = re.compile(r"^[\w.-]+: error: ")
+
+
+def pipeline_env(**extra: str) -> Dict[str, str]:
+    """The environment a test runs a pipeline script in: this interpreter as ``PYTHON`` (its
+    environment's console scripts first on ``PATH``), one thread."""
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+               PATH=f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}")  # fmt: skip
+    env.update(extra)
+    return env
+
+
+def pipeline_bash(pipeline: str, script: str, *args, cwd=None, timeout: int = 900,
+                  env: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:  # fmt: skip
+    """``bash examples/PIPELINE/SCRIPT ARGS`` as a user runs it (:func:`pipeline_env`, or
+    ``env``), stdout and stderr captured as text."""
+    return subprocess.run(
+        ["bash", str(REPO_ROOT / "examples" / pipeline / script), *map(str, args)], cwd=cwd,
+        env=env or pipeline_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        timeout=timeout,
+    )  # fmt: skip
+
+
+def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """``proc``, which exited 0 (else the tail of its stderr)."""
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def one_error_line(proc: subprocess.CompletedProcess, *parts, prog: str) -> str:
+    """The project's one-line error: exit status 1, no traceback, exactly one error line of any
+    program (``NAME: error: ...``), which is ``prog``'s and holds each of ``parts``. Returns its
+    message (after ``PROG: error: ``)."""
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if ERROR_LINE.match(line)]
+    assert len(errors) == 1, proc.stderr[-3000:]
+    assert errors[0].startswith(f"{prog}: error: "), errors[0]
+    for part in parts:
+        assert str(part) in errors[0], errors[0]
+    return errors[0][len(f"{prog}: error: ") :]
 
 
 # the largest subset any test takes; cleaning (ratio 1.5) keeps 2295 of the first 2400 train pairs

@@ -121,7 +121,10 @@ def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
     import subprocess
     import sys
 
-    from harness import fairseq_command
+    from harness import FRESH_PROCESS, fairseq_command
+
+    # both ways fresh: outputs compared across processes must not share the fork server's hash seed
+    fresh = dict(os.environ, **FRESH_PROCESS)
 
     text = tmp_path / "text"
     text.mkdir()
@@ -139,7 +142,7 @@ def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
     jobs = [("input0", "dict.txt"), ("label", "label.dict.txt")]
     for name, dict_file in jobs:
         proc = subprocess.run([fairseq_command("fairseq-preprocess"),
-                               *args(name, dict_file, tmp_path / "by_command")],
+                               *args(name, dict_file, tmp_path / "by_command")], env=fresh,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # fmt: skip
         assert proc.returncode == 0, proc.stdout[-2000:]
     commands = tmp_path / "commands"
@@ -148,7 +151,7 @@ def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
                     *args(name, dict_file, tmp_path / "in_one")]) + "\n"
         for name, dict_file in jobs))  # fmt: skip
     proc = subprocess.run([sys.executable, "-m", "realformer_pipelines.tools",
-                           "preprocess-commands", str(commands)],
+                           "preprocess-commands", str(commands)], env=fresh,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert proc.returncode == 0 and proc.stdout == "", proc.stderr[-2000:]
     for name, dict_file in jobs:
@@ -181,16 +184,16 @@ def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
 
 
 def test_console_commands_freeze_their_imports_and_python_code_is_left_alone():
-    """startup.py: a console command (exit_with_one_line) pauses the collector while fairseq
-    loads and freezes what it loaded; the same import from Python code changes nothing of the
-    collector."""
+    """startup.py: a console command (its entry point calls mark_console_command) pauses the
+    collector while fairseq loads and freezes what it loaded; the same import from Python code
+    changes nothing of the collector."""
     import subprocess
     import sys
 
     probe = """
 import gc, sys
 from realformer_pipelines.errors import exit_with_one_line
-from realformer_pipelines.startup import heavy_imports
+from realformer_pipelines.startup import heavy_imports, mark_console_command
 with heavy_imports():
     import json
 print(gc.get_freeze_count() == 0, gc.isenabled())
@@ -201,9 +204,62 @@ def main():
         seen.append(gc.isenabled())
         import fairseq
     print(seen[0], gc.isenabled(), gc.get_freeze_count() > 100000, "fairseq" in sys.modules)
+mark_console_command()  # what a console script's cli_main does first
 main()
 """
     proc = subprocess.run([sys.executable, "-c", probe], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n") == ["True True", "False True True True", ""]
+
+
+def test_a_console_commands_main_called_from_python_leaves_the_collector_alone(tmp_path, capsys):
+    """Issue 46: only the console-script entry point (cli_main, a script's __main__ block)
+    freezes; realformer-squad-eval's, realformer-wordpiece's and the pipelines' tools' ``main``
+    called in this process leave its collector as it was (before: one squad_eval.main() left
+    290,146 objects frozen in the caller)."""
+    import gc
+    import json
+
+    from realformer_fairseq.cli import squad_eval
+    from realformer_pipelines import tools, wordpiece
+
+    data = {
+        "data": [
+            {
+                "title": "t",
+                "paragraphs": [
+                    {
+                        "context": "a cat sat",
+                        "qas": [
+                            {
+                                "id": "q1",
+                                "question": "who?",
+                                "answers": [{"text": "a cat", "answer_start": 0}],
+                            }
+                        ],
+                    }
+                ],
+            }
+        ]
+    }
+    (tmp_path / "dev.json").write_text(json.dumps(data), encoding="utf-8")
+    (tmp_path / "pred.json").write_text(json.dumps({"q1": "a cat"}), encoding="utf-8")
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\ncat\n")
+    (tmp_path / "in.txt").write_text("a cat\n", encoding="utf-8")
+    mains = {
+        "squad_eval": lambda: squad_eval.main([str(tmp_path / "dev.json"),
+                                               str(tmp_path / "pred.json")]),
+        "wordpiece": lambda: wordpiece.main(["--vocab", str(tmp_path / "vocab.txt"), "--inputs",
+                                             str(tmp_path / "in.txt"), "--outputs",
+                                             str(tmp_path / "out.wp")]),
+        "tools": lambda: tools.main(["check", str(tmp_path / "in.txt")]),
+    }  # fmt: skip
+    for name, main in mains.items():
+        gc.collect()
+        before, enabled = gc.get_freeze_count(), gc.isenabled()
+        assert main() == 0, name
+        assert (gc.get_freeze_count(), gc.isenabled()) == (before, enabled), name
+    scores = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert (scores["exact"], scores["f1"]) == (100.0, 100.0)
+    assert (tmp_path / "out.wp").read_text(encoding="utf-8") == "a cat\n"

@@ -128,6 +128,37 @@ def test_files_modes_working_directory_stdin_and_inherited_descriptors(tmp_path)
     assert forked["out/preprocess.log"][0] == fresh["out/preprocess.log"][0]
 
 
+def test_once_started_the_caller_never_runs_the_command_itself():
+    """Issue 46: an error in the calling process after the server said "started" (here:
+    installing its signal forwarders fails) stops it with one line and status 70; it never falls
+    back to running the command itself beside the forked copy (two fairseq-train in one save
+    dir). The forked copy is killed with the caller's connection."""
+    script = str(BIN / "fairseq-score")
+    probe = f"""
+import signal, sys
+sys.path.insert(0, {str(Path(fork_server.__file__).parent)!r})
+import fork_server
+sys.argv = [{script!r}, "--sys", "/dev/null", "--ref", "/dev/null"]
+sys.orig_argv = [sys.executable] + sys.argv
+def broken(*args):
+    raise OSError("injected")
+signal.signal = broken  # the caller's first step after "started"
+fork_server.delegate()
+print("ran the command itself")
+"""
+    before = forks()
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          env=dict(os.environ, **{fork_server.SOCKET_VARIABLE: ADDRESS}),
+                          timeout=120)  # fmt: skip
+    assert (proc.returncode, proc.stdout) == (70, ""), (proc.stdout, proc.stderr)
+    assert proc.stderr.splitlines() == ["fork server client: injected after handing the command "
+                                        "to the server; not running it here too"]  # fmt: skip
+    deadline = time.time() + 10
+    while forks() == before and time.time() < deadline:
+        time.sleep(0.1)
+    assert forks() == before + 1, server_log()[-2000:]
+
+
 def _blocked_on_stdin(address):
     """fairseq-score waiting for its system output on a stdin that stays open; through the
     server: once the server has forked it."""

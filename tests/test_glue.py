@@ -5,6 +5,7 @@ from GLUE files to server files, and one real end-to-end run on CPU (masked_lm p
 a tiny RealFormer BERT, finetune.sh, evaluate.sh) on a translation-pair task in MRPC's layout."""
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -13,9 +14,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import pytest
 from glue_fixtures import COLUMNS, DIAGNOSTIC, FIXTURES, SUBSET, write_glue, write_tsv
-from harness import REPO_ROOT, SHARED_DATA, USER_DIR, pipeline_module, realformer_tf_fixture
+from harness import (
+    REPO_ROOT,
+    SHARED_DATA,
+    USER_DIR,
+    import_realformer_tf_fixture,
+    ok,
+    pipeline_module,
+    realformer_tf_fixture,
+)
 
 GLUE = REPO_ROOT / "examples" / "glue"
 FAIRSEQ_FINETUNING = (
@@ -23,28 +33,8 @@ FAIRSEQ_FINETUNING = (
 )
 
 
-def bash(script, *args, timeout=900):
-    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run(
-        ["bash", str(GLUE / script), *map(str, args)], stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE, text=True, env=env, timeout=timeout,
-    )  # fmt: skip
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
-def one_error_line(proc, *parts):
-    """Exit 1, no traceback, exactly one 'glue: error:' line, holding every part."""
-    assert proc.returncode == 1, proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith("glue: error:")]
-    assert len(errors) == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    for part in parts:
-        assert str(part) in errors[0], errors[0]
-    return errors[0]
+bash = functools.partial(harness.pipeline_bash, "glue")  # bash("prepare.sh", ARGS...)
+one_error_line = functools.partial(harness.one_error_line, prog="glue")
 
 
 @pytest.fixture
@@ -889,12 +879,7 @@ def cased_model(tmp_path_factory):
     root = tmp_path_factory.mktemp("cased")
     vocab = [CASED_WORDS.get(t, t) for t in lines(realformer_tf_fixture("vocab.txt"))]
     (root / "vocab.txt").write_text("".join(t + "\n" for t in vocab), encoding="utf-8")
-    ok(subprocess.run(
-        [Path(sys.executable).parent / "realformer-import-tf", "--tf-checkpoint",
-         realformer_tf_fixture("model.ckpt"), "--bert-config",
-         realformer_tf_fixture("bert_config.json"), "--vocab", root / "vocab.txt",
-         "--out", root / "model"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    ))  # fmt: skip
+    import_realformer_tf_fixture(root / "model", root / "vocab.txt")
     glue = write_glue(root / "glue", ["RTE"])
     header, *rows = FIXTURES["RTE"]["dev.tsv"]
     write_tsv(glue / "RTE" / "dev.tsv", [header, ["0", *CASED_PAIR, "entailment"]])
@@ -955,6 +940,106 @@ def test_finetuning_carries_the_models_casing_and_refuses_other_data(cased_model
                 model / "model.pt", "--cpu", "--dry-run")  # fmt: skip
     one_error_line(proc, f"{work / 'data-bin'} was prepared uncased, the model "
                    f"{model / 'model.pt'} is cased")  # fmt: skip
+
+
+# ------------------------------------------------------------------ lengths
+
+# An RTE dev pair longer than the imported model's 64 positions: words of the TF fixture's
+# vocabulary, one WordPiece each (uncased), 40 + 30 = 70 pieces, 73 tokens with BERT's layout
+LONG_A = ("the a cat dog sat on mat is was and it to of in red blue big small house tree quick "
+          "brown fox jump over lazy happy sad book read write sun moon star sky water fire eat "
+          "walk talk").split()  # fmt: skip
+LONG_B = ("she he slow friend talk walk eat fire water sky star moon sun write read book sad "
+          "happy lazy over jump fox brown quick tree house small big blue red").split()  # fmt: skip
+# run_classifier.py's _truncate_seq_pair(a, b, 32 - 3) by hand: a loses its last 10 pieces
+# (40 -> 30 = len(b)), then b, a, b, ... one piece each (b first on a tie) until 29 are left
+LONG_A_CUT, LONG_B_CUT = LONG_A[:15], LONG_B[:14]
+
+
+@pytest.fixture(scope="module")
+def long_pair(tmp_path_factory):
+    """realformer-import-tf of the TF fixture (WordPiece, BERT's pair layout, 64 positions) and
+    RTE files whose dev.tsv line 4 is the LONG_A / LONG_B pair."""
+    root = tmp_path_factory.mktemp("long_pair")
+    import_realformer_tf_fixture(root / "model")
+    assert len(LONG_A) == 40 and len(LONG_B) == 30
+    glue = write_glue(root / "glue", ["RTE"])
+    rows = FIXTURES["RTE"]["dev.tsv"] + [["2", " ".join(LONG_A), " ".join(LONG_B), "entailment"]]
+    write_tsv(glue / "RTE" / "dev.tsv", rows)
+    return root
+
+
+def test_a_pair_longer_than_the_models_positions_stops_prepare_with_one_line(long_pair, tmp_path):
+    """Before: prepare.sh wrote it, and finetune.sh stopped with "fairseq-train failed (exit 1),
+    see train.log" (fairseq's "Size of sample #N is invalid" only in train.log)."""
+    proc = bash("prepare.sh", "--task", "RTE", "--glue-dir", long_pair / "glue", "--model",
+                long_pair / "model", "--work-dir", tmp_path / "w", "--workers", "1")  # fmt: skip
+    message = one_error_line(proc, f"{long_pair / 'glue' / 'RTE' / 'dev.tsv'} line 4: 73 tokens",
+                             "more than the model's 64 positions", "--max-seq-length N")  # fmt: skip
+    assert "BERT" in message and "remove the line" in message
+    assert not (tmp_path / "w" / "data-bin").exists()
+
+
+def test_max_seq_length_cuts_pairs_as_berts_truncate_seq_pair(long_pair, tmp_path):
+    """prepare.sh --max-seq-length 32: the data-bin holds run_classifier.py's cut of the long
+    pair (LONG_A_CUT, LONG_B_CUT), the other pairs whole; the choice is recorded in prepare.env,
+    and finetune.sh and evaluate.sh read it from there (one log line each); a data-bin that
+    does not fit a model or a pair layout is one line of check-lengths."""
+    from fairseq.data import Dictionary, data_utils
+
+    work = tmp_path / "w"
+    proc = ok(bash("prepare.sh", "--task", "RTE", "--glue-dir", long_pair / "glue", "--model",
+                   long_pair / "model", "--work-dir", work, "--workers", "1",
+                   "--max-seq-length", "32"))  # fmt: skip
+    # the fixture's own RTE pairs are longer than 32 too, but one of train's
+    for subset, cut in (("train", "1 of 2"), ("valid", "2 of 3"), ("test", "1 of 1")):
+        assert (
+            f"{subset}: {cut} examples cut to --max-seq-length 32 (BERT's longest-first rule)"
+            in proc.stderr
+        )
+    data_bin = work / "data-bin"
+    env = lines(data_bin / "prepare.env")
+    assert env[-4:] == ["PAIR_LAYOUT=bert", "MAX_POSITIONS=64", "MAX_SEQ_LENGTH=32", "LONGEST=29"]
+    for subset in ("train", "valid", "test"):
+        written = []
+        for part in ("input0", "input1"):
+            d = Dictionary.load(str(data_bin / part / "dict.txt"))
+            dataset = data_utils.load_indexed_dataset(str(data_bin / part / subset), d)
+            written.append([[d[i] for i in dataset[k].tolist()][:-1] for k in range(len(dataset))])
+        tok = [
+            [x.split() for x in lines(work / "tok" / f"{subset}.{p}")] for p in ("input0", "input1")
+        ]
+        for a, b, tok_a, tok_b in zip(*written, *tok):
+            if len(tok_a) + len(tok_b) <= 29:  # kept whole
+                assert (a, b) == (tok_a, tok_b)
+            else:  # cut to 32 - 3, each side a prefix of its sentence
+                assert len(a) + len(b) == 29 and tok_a[: len(a)] == a and tok_b[: len(b)] == b
+        if subset == "valid":
+            assert (written[0][2], written[1][2]) == (LONG_A_CUT, LONG_B_CUT)
+
+    cut = "examples cut to --max-seq-length 32 by prepare.sh (BERT's longest-first rule)"
+    proc = ok(bash("finetune.sh", "--task", "RTE", "--data-bin", data_bin, "--checkpoint",
+                   long_pair / "model" / "model.pt", "--cpu", "--dry-run"))  # fmt: skip
+    assert cut in proc.stderr and "--max-positions 64" in proc.stdout
+    proc = ok(bash("evaluate.sh", "--task", "RTE", "--data-bin", data_bin, "--checkpoint-dir",
+                   tmp_path / "none", "--dry-run"))  # fmt: skip
+    assert cut in proc.stderr
+
+    def check(*args):
+        return subprocess.run([sys.executable, GLUE / "glue_tools.py", "check-lengths", "--task",
+                               "RTE", "--data-bin", data_bin, *args], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+    ok(check("--pair-layout", "bert", "--positions", "32"))
+    one_error_line(check("--pair-layout", "roberta", "--positions", "64"),
+                   "was cut to --max-seq-length 32 for the bert pair layout",
+                   "33 tokens in the roberta layout")  # fmt: skip
+    one_error_line(check("--pair-layout", "bert", "--positions", "31"),
+                   "32 tokens (bert pair layout), the model only 31 positions")  # fmt: skip
+    one_error_line(bash("prepare.sh", "--task", "RTE", "--glue-dir", long_pair / "glue", "--model",
+                        long_pair / "model", "--work-dir", tmp_path / "w2", "--max-seq-length", "65"),
+                   "--max-seq-length 65: must be more than the 3 special tokens and at most the "
+                   "model's 64 positions")  # fmt: skip
 
 
 def readme_blocks():

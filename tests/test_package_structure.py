@@ -193,6 +193,7 @@ def test_importing_the_plugin_changes_only_the_listed_fairseq_functions():
     assert result == {
         "changed": sorted(
             [
+                "fairseq.checkpoint_utils._upgrade_state_dict",
                 "fairseq.checkpoint_utils.load_checkpoint_to_cpu",
                 "fairseq.data.iterators.BackgroundConsumer",
                 "fairseq_cli.interactive.buffered_read",

@@ -1,6 +1,7 @@
 """examples/wmt14_en_fr: input checks of the prepare stages, resume after failure, the
 full-size train commands, RAdam, and (slow) the smoke pipeline end to end."""
 
+import functools
 import json
 import math
 import os
@@ -10,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import pytest
 import sacrebleu
 import torch
@@ -19,16 +21,7 @@ EXAMPLE = REPO_ROOT / "examples" / "wmt14_en_fr"
 STAGES = ["check_local", "raw", "tokenize", "learn_bpe", "apply_bpe", "clean", "binarize"]
 
 
-def bash(script, *args, timeout=900):
-    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    return subprocess.run(
-        ["bash", str(EXAMPLE / script), *map(str, args)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        timeout=timeout,
-    )
+bash = functools.partial(harness.pipeline_bash, "wmt14_en_fr")  # bash("prepare.sh", ARGS...)
 
 
 def write_pair(prefix: Path, n: int, skip: int = 0):
@@ -61,11 +54,7 @@ def prepare(work, corpus, *extra):
 
 
 def assert_fails_naming(proc, path, problem):
-    assert proc.returncode != 0, proc.stderr
-    errors = [l for l in proc.stderr.splitlines() if l.startswith("wmt14_en_fr: error:")]
-    assert len(errors) == 1, proc.stderr
-    assert str(path) in errors[0] and problem in errors[0], errors[0]
-    assert "Traceback" not in proc.stderr
+    harness.one_error_line(proc, path, problem, prog="wmt14_en_fr")
 
 
 def done_stages(work):
@@ -509,6 +498,29 @@ def test_download_rejects_corrupt_archive_and_bad_checksum(tmp_path, mirror):
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
+def test_a_redirected_prepare_log_has_progress_lines_and_no_carriage_returns(tmp_path, mirror):
+    """`prepare.sh > log 2>&1` (downloads, then every stage): curl's meter and learn-bpe's bar
+    draw only on a terminal; in a file, fairseq-style progress lines instead. Before: curl's
+    meter and subword-nmt's tqdm bar wrote carriage-return updates into the log."""
+    log = tmp_path / "prepare.log"
+    env = dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1",
+               REALFORMER_PROGRESS_SECONDS="0")  # fmt: skip
+    with open(log, "wb") as fh:
+        rc = subprocess.run(
+            ["bash", str(EXAMPLE / "prepare.sh"), "--work-dir", str(tmp_path / "work"),
+             "--mirror", f"file://{mirror}", "--bpe-size", "200", "--workers", "1"],
+            stdin=subprocess.DEVNULL, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=900,
+        ).returncode  # fmt: skip
+    text = log.read_bytes().decode("utf-8")
+    assert rc == 0, text[-3000:]
+    assert text.count("\r") == 0
+    assert len(re.findall(r"\| INFO \| wmt14_en_fr \| downloaded \S+\.part: \d+ bytes", text)) == 7
+    # learn-bpe's periodic lines (every merge at REALFORMER_PROGRESS_SECONDS=0), then its last
+    merges = re.findall(r"\| INFO \| wmt14_en_fr \| learn-bpe: (\d+) merges, \d+ merges/s\n", text)
+    assert len(merges) >= 10 and merges == sorted(merges, key=int), merges[:20]
+    assert re.search(r"\| learn-bpe: \d+ merges, \d+ merges/s \(done\)\n", text)
+
+
 # ------------------------------------------------------------------ train.sh commands
 
 # The reference, written out here (not read from recipes.py): Transformer-Clinic
@@ -770,6 +782,35 @@ def test_evaluate_averages_the_recipes_checkpoints(tmp_path):
     assert "averaging 50 checkpoints:" in proc.stderr and "fewer than 60" in proc.stderr
     proc = bash("evaluate.sh", *args, "--recipe", "paper")
     assert_fails_naming(proc, "--recipe", "must be admin-clinic or realformer, got 'paper'")
+
+
+def test_a_missing_console_script_stops_with_one_line(tmp_path):
+    """Issue 46: the pipelines resolve a console script (bin_of) in their own shell before
+    running it; with none to be found, one error line naming it, nothing after it (before:
+    evaluate.sh's averaging printed the line, then ran an empty command: ": command not
+    found", a second line)."""
+    folder = tmp_path / "bin"  # PYTHON without its environment's console scripts beside it
+    folder.mkdir()
+    python = folder / "python"
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
+    python.chmod(0o755)
+    env = harness.pipeline_env(PYTHON=str(python), PATH="/usr/bin:/bin")
+    ckpts = tmp_path / "ckpt"
+    ckpts.mkdir()
+    (tmp_path / "data-bin").mkdir()
+    for epoch in (1, 2):
+        (ckpts / f"checkpoint{epoch}.pt").write_bytes(b"")
+    runs = {
+        "realformer-average-checkpoints": bash("evaluate.sh", "--data-bin", tmp_path / "data-bin",
+                                               "--checkpoint-dir", ckpts, "--average-last", "2",
+                                               env=env),
+        "fairseq-train": bash("train.sh", "--variant", "admin", "--size", "tiny", "--data-bin",
+                              tmp_path / "data-bin", "--cpu", "--dry-run", env=env),
+    }  # fmt: skip
+    for name, proc in runs.items():
+        harness.one_error_line(proc, name, "not found", prog="wmt14_en_fr")
+        assert "command not found" not in proc.stderr, proc.stderr
+        assert proc.stderr.splitlines()[-1].startswith("wmt14_en_fr: error: "), proc.stderr
 
 
 @pytest.fixture(scope="module")

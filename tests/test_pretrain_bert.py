@@ -8,13 +8,15 @@ Expected values are written here from the references: Google's released English 
 ``create_pretraining_data.py``, ``modeling.py``) and Devlin et al. 2019, Appendix A.2.
 """
 
+import functools
 import json
-import os
+import re
 import shlex
 import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import numpy as np
 import pytest
 import torch
@@ -50,12 +52,7 @@ def tool(*args, check=True):
     return proc
 
 
-def one_error_line(proc, prog="pretrain_bert"):
-    assert proc.returncode == 1, proc.stderr[-2000:]
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith(f"{prog}: error: ")]
-    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    return errors[0]
+one_error_line = functools.partial(harness.one_error_line, prog="pretrain_bert")
 
 
 # ------------------------------------------------------------------ vocabulary
@@ -333,10 +330,8 @@ def test_short_schedule_scales_the_warm_up():
 
 
 def script(name, *args, check=True, env=None):
-    proc = subprocess.run(
-        ["bash", str(PIPELINE / name), *map(str, args)], capture_output=True, text=True,
-        env={**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1", **(env or {})},
-    )  # fmt: skip
+    proc = harness.pipeline_bash("pretrain_bert", name, *args,
+                                 env=harness.pipeline_env(**(env or {})))  # fmt: skip
     if check and proc.returncode != 0:
         raise AssertionError(proc.stderr[-3000:])
     return proc
@@ -521,6 +516,34 @@ def test_end_to_end_writes_every_checkpoints_line_the_json_plot_and_next_command
     """The quick run through the three scripts: what evaluate.sh writes and prints (the accuracy
     the model reaches is the slow test's)."""
     check_evaluate_output(*pretrained, QUICK_UPDATES)
+
+
+def test_evaluate_prints_one_header_and_one_line_per_checkpoint(pretrained):
+    """evaluate.sh's whole output: on stderr one header (the held-out split, its masking and the
+    frequency baseline), on stdout one line per checkpoint, the best, the next commands. Before:
+    fairseq's INFO lines three times per checkpoint, and matplotlib's DEBUG lines (importing
+    fairseq sets the root logger to DEBUG)."""
+    data_bin, proc, _ = pretrained
+    root = data_bin.parent.parent
+    number = r"\d+\.\d\d"
+    assert re.fullmatch(
+        rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d \| INFO \| pretrain_bert \| held-out split of "
+        rf"{re.escape(str(data_bin))}: \d+ masked tokens scored \(masking seed 12345, fingerprint "
+        rf"[0-9a-f]{{16}}; \d+ masked <s>/</s> not counted\); frequency baseline \('a' "
+        rf"everywhere\) {number} %\n",
+        proc.stderr,
+    ), proc.stderr[:3000]
+    lines = proc.stdout.splitlines()
+    checkpoints = [root / "realformer" / f"checkpoint_1_{u}.pt" for u in (10, 20, 30)]
+    checkpoints.append(root / "postln" / "checkpoint_1_10.pt")
+    for line, path, update in zip(lines, checkpoints, (10, 20, 30, 10)):
+        assert re.fullmatch(
+            rf"{re.escape(str(path))} \(update {update}\): masked-token accuracy {number} % on "
+            rf"\d+ held-out masked tokens, loss \d+\.\d{{3}} bits \(frequency baseline {number} %\)",
+            line,
+        ), line
+    assert lines[4].startswith("best: ") and lines[5].startswith("next, GLUE and SQuAD")
+    assert len(lines) == 12 and all(x.startswith("  bash examples/") for x in lines[6:])
 
 
 @pytest.mark.slow

@@ -582,6 +582,29 @@ def test_readme_has_the_newcomers_order():
     assert "| `--arch` |" in (REPO_ROOT / "docs" / "reference.md").read_text(encoding="utf-8")
 
 
+# a measured duration ("136 s", "2.6 minutes", "406-587 s") and a measurement's date
+MEASURED_DURATION = re.compile(
+    r"\b\d+(?:[.,]\d+)?(?:-\d+(?:[.,]\d+)?)?\s?(?:ms|s|sec|secs|seconds?|min|mins|minutes?|h|hours?)\b"
+)
+MEASUREMENT_DATE = re.compile(r"\b20\d\d-\d\d-\d\d\b")
+
+
+@pytest.mark.parametrize("name", ["README.md", ".ci/run"])
+def test_measured_times_live_in_benchmarks_not_in_the_readme_or_ci(name):
+    """README.md says what to run and what comes out; .ci/run what it runs. Measured durations and
+    their dates go to docs/benchmarks.md ("Timings of the README's commands"), so that a new
+    timing edits that file only. Before: 15 of 82 commits only re-timed README.md / .ci/run."""
+    text = (REPO_ROOT / name).read_text(encoding="utf-8")
+    assert MEASURED_DURATION.findall(text) == [] and MEASUREMENT_DATE.findall(text) == []
+    assert MEASURED_DURATION.findall("2.6 minutes in all, 136 s; 406-587 s; 13-16.5 minutes") == [
+        "2.6 minutes", "136 s", "406-587 s", "13-16.5 minutes"]  # fmt: skip
+    assert MEASURED_DURATION.findall("300 sentences, 800 updates, 4 MB, 2 cores, 2048 tokens") == []
+    if name == "README.md":
+        assert "docs/benchmarks.md#timings-of-the-readmes-commands" in text
+    benchmarks = (REPO_ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert "\n## Timings of the README's commands\n" in benchmarks
+
+
 def needs_layout(block) -> bool:
     """Whether the block's checker runs on the quick start's folder (the ``layout`` fixture)."""
     check = checker_of(block)[1]

@@ -38,7 +38,8 @@ def train(data_bin: Path, save_dir: Path, *stop_and_extra) -> str:
             data_bin, save_dir, extra=("--dropout", "0.1", *stop_and_extra), epoch_checkpoints=True
         ),
     ]
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    # every run fresh: runs compared for determinism must not share the fork server's hash seed
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", **harness.FRESH_PROCESS)
     proc = subprocess.run(
         [str(c) for c in cmd], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )

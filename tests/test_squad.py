@@ -6,15 +6,19 @@ Every expected value is written here from google-research/bert ``run_squad.py`` 
 
 import argparse
 import collections
+import functools
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import harness
+import numpy as np
 import pytest
 import torch
-from harness import pipeline_module
+from harness import fairseq_command, pipeline_module
 
 from realformer_fairseq.squad import decoding, evaluation, features
 from realformer_fairseq.squad.features import (
@@ -181,6 +185,106 @@ def test_training_examples_read_as_run_squad(tmp_path):
         with pytest.raises(SquadDataError) as err:
             features.read_squad_examples(path, False, True)
         assert path in str(err.value) and message in str(err.value) and "\n" not in str(err.value)
+
+
+def realformer_squad(*args):
+    """``realformer-squad ARGS`` as a user types it (its console script)."""
+    return subprocess.run([fairseq_command("realformer-squad"), *map(str, args)],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=600)  # fmt: skip
+
+
+def squad_features(tmp_path: Path, file_flag: str, path) -> subprocess.CompletedProcess:
+    """``realformer-squad features FILE_FLAG PATH`` into ``tmp_path/bin`` with VOCAB as the
+    model's vocab.txt and fairseq dict.txt, windows of 32 tokens."""
+    model = tmp_path / "model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "vocab.txt").write_text("\n".join(VOCAB) + "\n", encoding="utf-8")
+    (model / "dict.txt").write_text("".join(f"{t} 1\n" for t in VOCAB[5:]), encoding="utf-8")
+    return realformer_squad("features", file_flag, path, "--dest", tmp_path / "bin", "--vocab",
+                            model / "vocab.txt", "--uncased", "--max-seq-length", "32",
+                            "--max-query-length", "8")  # fmt: skip
+
+
+@pytest.mark.parametrize("version", ["1.1", "v2.0"])
+def test_an_answer_of_no_wordpiece_is_skipped_not_labelled_no_answer(tmp_path, version):
+    """A training answer that is a zero-width space covers no WordPiece (BERT's tokenizer drops
+    format characters). run_squad.py skips a question whose answer it cannot recover from the
+    document ("Could not find answer"); labelled, every window of it would be start = end = 0,
+    [CLS], "no answer". realformer-squad features (prepare.sh's stage) skips it: counted in its
+    line, the id logged and in squad.json, no window of it in the data-bin. Labels by hand:
+    question 'the cat' (2 pieces): the context starts at position 1 + 2 + 1 = 4, the answer
+    'the cat' is pieces 0-1, positions 4-5; the impossible v2.0 question is 0, 0."""
+    context = "the cat sat on the mat \u200b ."
+    qas = [
+        {"id": "ok", "question": "the cat", "answers": [{"text": "the cat", "answer_start": 0}]},
+        {"id": "zwsp", "question": "the cat", "answers": [{"text": "\u200b", "answer_start": 23}]},
+    ]  # fmt: skip
+    labels, line = [[4, 5]], "1 questions (training, 0 without answer, 1 skipped)"
+    if version == "v2.0":
+        qas.append({"id": "none", "question": "the cat", "answers": [], "is_impossible": True})
+        labels, line = [[4, 5], [0, 0]], "2 questions (training, 1 without answer, 1 skipped)"
+    assert context[23] == "\u200b"
+    path = squad_file(tmp_path, qas, context=context, version=version)
+    proc = squad_features(tmp_path, "--train-file", path)
+    assert proc.returncode == 0, proc.stderr
+    table = np.load(tmp_path / "bin" / "train.features.npy")
+    assert table[:, 6:8].tolist() == labels  # one window per question, only ok's (and none's)
+    assert line in proc.stderr
+    (warning,) = [x for x in proc.stderr.splitlines() if "skipped, their answer" in x]
+    assert "1 training question(s) skipped" in warning and warning.endswith(": zwsp")
+    record = json.loads((tmp_path / "bin" / "train.record.json").read_text())
+    assert [e["id"] for e in record["examples"]] == [q["id"] for q in qas if q["id"] != "zwsp"]
+    settings = json.loads((tmp_path / "bin" / "squad.json").read_text())["subsets"]["train"]
+    assert (settings["skipped_ids"], settings["skipped"], settings["examples"]) == (
+        ["zwsp"], 1, len(labels))  # fmt: skip
+    # features made without the skip: an answerable question without pieces stops
+    tokenizer = BertTextTokenizer(VOCAB, lowercase=True)
+    ctx = features.tokenize_context(context, tokenizer)
+    example = Example("zwsp", "the cat", 0, answer_text="\u200b", answer_span=(23, 24))
+    with pytest.raises(ValueError, match="question zwsp: its answer covers no piece"):
+        features.convert_examples_to_features([ctx], [example], [["the", "cat"]],
+                                              FeatureSettings(32, 8, 8), is_training=True)  # fmt: skip
+
+
+def test_null_threshold_flags_that_would_do_nothing(tmp_path):
+    """realformer-squad predict --tune-threshold picks the threshold from the scores: without
+    --score it stops with one line before reading anything. On SQuAD v1.1 (no null answer)
+    --tune-threshold and --null-score-diff-threshold are warned about before the prediction
+    (here a missing checkpoint then stops it)."""
+    proc = realformer_squad("predict", "--checkpoint", tmp_path / "c.pt", "--data-bin", tmp_path,
+                            "--out-dir", tmp_path / "out", "--tune-threshold")  # fmt: skip
+    assert one_error_line(proc, prog="realformer-squad") == (
+        "--tune-threshold needs --score (the threshold is the official best_f1_thresh of the "
+        "scores)"
+    )
+    qas = [{"id": "q", "question": "the cat", "answers": [{"text": "cat", "answer_start": 4}]}]
+    assert squad_features(tmp_path, "--predict-file", squad_file(tmp_path, qas)).returncode == 0
+    proc = realformer_squad("predict", "--checkpoint", tmp_path / "c.pt", "--data-bin",
+                            tmp_path / "bin", "--out-dir", tmp_path / "out", "--score",
+                            "--tune-threshold", "--null-score-diff-threshold", "-1")  # fmt: skip
+    assert [line for line in proc.stderr.splitlines() if "warning" in line] == [
+        "realformer-squad: warning: --tune-threshold: SQuAD v1.1 has no null threshold",
+        "realformer-squad: warning: --null-score-diff-threshold: SQuAD v1.1 has no null threshold",
+    ]
+
+
+def test_a_truncated_token_file_is_one_line_of_the_squad_error(tmp_path):
+    """The data-bin check uses the pipelines' truncated-.bin check (realformer_pipelines.checks)
+    and raises it as the SQuAD error, which fairseq's commands turn into one line."""
+    from realformer_fairseq.squad import data_bin
+
+    qas = [{"id": "q", "question": "the cat", "answers": [{"text": "cat", "answer_start": 4}]}]
+    assert squad_features(tmp_path, "--predict-file", squad_file(tmp_path, qas)).returncode == 0
+    assert data_bin.check_data_bin(str(tmp_path / "bin"), ["valid"])["squad_version"] == "1.1"
+    tokens = tmp_path / "bin" / "valid.bin"
+    size = tokens.stat().st_size
+    tokens.write_bytes(tokens.read_bytes()[:-2])
+    with pytest.raises(SquadDataError) as err:
+        data_bin.check_data_bin(str(tmp_path / "bin"), ["valid"])
+    assert str(err.value) == (
+        f"{tokens}: truncated ({size - 2} bytes, its index valid.idx needs {size}); binarize "
+        "again (prepare.sh --force)"
+    )
 
 
 # ------------------------------------------------------------------ decoding
@@ -393,22 +497,16 @@ def test_squad_eval_command_prints_one_json_line(tmp_path, capsys):
     )
 
 
-def one_error_line(proc, prog="realformer-squad-eval"):
-    """Exit 1, no traceback, exactly one error line; returns its message."""
-    assert proc.returncode == 1, proc.stderr
-    assert "Traceback" not in proc.stderr
-    errors = [line for line in proc.stderr.splitlines() if line.startswith(f"{prog}: error: ")]
-    assert len(errors) == 1, proc.stderr
-    return errors[0][len(f"{prog}: error: ") :]
+one_error_line = functools.partial(harness.one_error_line, prog="realformer-squad-eval")
 
 
 # ------------------------------------------------------------------ the recipe
 
 
 @pytest.mark.parametrize("version,examples,batch,updates,warmup", [
-    # SQuAD v1.1 train has 87,599 questions, v2.0 130,319; README.md: --train_batch_size=12 (v1.1,
-    # BERT-Base on a GPU), 24 (v2.0); run_squad.py: int(n / batch * 2.0), int(0.1 * steps)
-    ("1.1", 87599, 12, 14599, 1459),
+    # SQuAD v1.1 train has 87,599 questions, v2.0 130,319; README.md's Cloud TPU commands:
+    # --train_batch_size=24 (v1.1 and v2.0); run_squad.py: int(n / batch * 2.0), int(0.1 * steps)
+    ("1.1", 87599, 24, 7299, 729),
     ("2.0", 130319, 24, 10859, 1085),
 ])  # fmt: skip
 def test_recipe_is_berts(version, examples, batch, updates, warmup):
@@ -436,22 +534,85 @@ def test_recipe_is_berts(version, examples, batch, updates, warmup):
         assert source, flag
 
 
-def test_recipe_sources_quote_berts_files():
-    """Each cited line of google-research/bert holds the value (the lines as in commit
-    eedf571, written here): README.md's SQuAD commands and run_squad.py's flags."""
-    squad_recipe = pipeline_module("squad", "recipes")
+# google-research/bert's lines that recipes.py cites, as in commit eedf571 (FILE:LINE:text)
+BERT_LINES = Path(__file__).parent / "data" / "google_research_bert_eedf571.txt"
+CITATION = re.compile(r"(README\.md|run_squad\.py|optimization\.py)?:(\d+)(?:-(\d+))?")
+NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?:e-?\d+)?")
 
-    readme = {535: "--train_batch_size=12", 536: "--learning_rate=3e-5", 537: "--num_train_epochs=2.0",
-              538: "--max_seq_length=384", 539: "--doc_stride=128", 618: "--train_batch_size=24",
-              619: "--learning_rate=3e-5", 620: "--num_train_epochs=2.0"}  # fmt: skip
-    table = squad_recipe.table_markdown()
-    for line, flag in readme.items():
-        assert f"README.md:{line} {flag}" in table or f":{line} {flag}" in table, (line, flag)
-    assert (
-        "optimization.py:64 epsilon=1e-6" in table
-        and "optimization.py:61 weight_decay_rate=0.01" in table
-    )
-    assert "run_squad.py:107-110 n_best_size 20" in table
+
+def pinned_bert_lines():
+    pinned = {}
+    for line in BERT_LINES.read_text(encoding="utf-8").splitlines():
+        if not line.startswith("#"):
+            name, number, text = line.split(":", 2)
+            pinned[name, int(number)] = text
+    return pinned
+
+
+def cited_lines(source):
+    """(file, line) of every line a recipe source cites (``:N`` alone: the file cited before)."""
+    cited, name = [], None
+    for m in CITATION.finditer(source):
+        name = m.group(1) or name
+        first = int(m.group(2))
+        cited += [(name, n) for n in range(first, int(m.group(3) or first) + 1)]
+    return cited
+
+
+def recipe_entries():
+    squad_recipe = pipeline_module("squad", "recipes")
+    return [(flag, value, source) for version in ("1.1", "2.0")
+            for flag, value, source in squad_recipe.recipe(version)] + [
+        (flag, value, source) for flag, value, source in squad_recipe.FEATURES + squad_recipe.DECODING
+    ]  # fmt: skip
+
+
+def test_recipe_values_are_in_the_lines_they_cite():
+    """Every number of a recipe value is in the google-research/bert lines its source cites, as
+    pinned in tests/data (their text at commit eedf571, not the recipe's own table); every cited
+    line is pinned."""
+    pinned = pinned_bert_lines()
+    checked = set()
+    for flag, value, source in recipe_entries():
+        lines = cited_lines(source)
+        missing = [f"{name}:{n}" for name, n in lines if (name, n) not in pinned]
+        assert not missing, f"{flag}: {source} cites lines not pinned in {BERT_LINES}: {missing}"
+        numbers = NUMBER.findall(value or "")
+        if not lines or not numbers or NUMBER.sub("", value).strip("(), "):
+            continue  # no citation, a name, or a formula
+        found = {float(x) for key in lines for x in NUMBER.findall(pinned[key])}
+        assert {float(x) for x in numbers} <= found, (flag, value, [pinned[k] for k in lines])
+        checked.add(flag)
+    assert checked == {
+        "--batch-size", "--adam-betas", "--adam-eps", "--weight-decay", "--clip-norm", "--lr",
+        "--end-learning-rate", "--power", "--max-seq-length", "--doc-stride", "--max-query-length",
+        "--n-best-size", "--max-answer-length", "--null-score-diff-threshold",
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("version", ["1.1", "2.0"])
+def test_both_versions_take_bert_readmes_cloud_tpu_command(version):
+    """The batch, learning rate and epochs of each version are cited from one README.md command:
+    the Cloud TPU one that trains on that version's file (the README's v2.0 command is a TPU
+    one; its v1.1 GPU command, batch 12, is not used)."""
+    pinned = pinned_bert_lines()
+    sources = {
+        flag: source for flag, _, source in pipeline_module("squad", "recipes").recipe(version)
+    }
+    readme = [n for flag in ("--batch-size", "--lr", "--total-num-update")
+              for name, n in cited_lines(sources[flag]) if name == "README.md"]  # fmt: skip
+    assert len(readme) == 3
+    first = last = readme[0]  # the command: the lines that continue with a backslash
+    while pinned.get(("README.md", first - 1), "").endswith("\\"):
+        first -= 1
+    while pinned[("README.md", last)].endswith("\\"):
+        last += 1
+    command = [pinned["README.md", n] for n in range(first, last + 1)]
+    assert command[0] == "python run_squad.py \\" and set(readme) <= set(range(first, last + 1))
+    assert f"  --train_file=$SQUAD_DIR/train-v{version}.json \\" in command
+    assert "  --use_tpu=True \\" in command
+    assert [pinned["README.md", n] for n in readme] == [
+        "  --train_batch_size=24 \\", "  --learning_rate=3e-5 \\", "  --num_train_epochs=2.0 \\"]  # fmt: skip
 
 
 # ------------------------------------------------------------------ span head and criterion

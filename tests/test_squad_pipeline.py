@@ -5,6 +5,7 @@ scores, the model's casing / pair layout / vocabulary read from the model, finet
 command, one-line errors naming the file and the question, the hub from raw text. One fine-tuned
 model (a session fixture) serves every test that needs one."""
 
+import functools
 import json
 import os
 import re
@@ -14,8 +15,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import harness
 import pytest
-from harness import REPO_ROOT, SHARED_DATA, pipeline_module, realformer_tf_fixture
+from harness import (
+    REPO_ROOT,
+    SHARED_DATA,
+    import_realformer_tf_fixture,
+    ok,
+    pipeline_env,
+    pipeline_module,
+    realformer_tf_fixture,
+)
 from squad_fixtures import (
     first_sentence_baseline,
     load_captions,
@@ -36,30 +46,8 @@ TINY_FINETUNE = "--cpu --lr 5e-3 --batch-size 32 --max-update {updates} --seed {
 UPDATES, SEED = 1600, 2
 
 
-def env():
-    return dict(os.environ, PYTHON=sys.executable, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")  # fmt: skip
-
-
-def bash(script, *args, cwd=None, timeout=900):
-    return subprocess.run(["bash", str(SQUAD / script), *map(str, args)], cwd=cwd, env=env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          timeout=timeout)  # fmt: skip
-
-
-def ok(proc):
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
-def one_error_line(proc, prog="squad"):
-    """Exit 1, no traceback, exactly one 'PROG: error:' line; returns its message."""
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if re.match(r"^[\w-]+: error: ", line)]
-    assert len(errors) == 1, proc.stderr[-3000:]
-    assert errors[0].startswith(f"{prog}: error: "), errors[0]
-    return errors[0][len(f"{prog}: error: ") :]
+bash = functools.partial(harness.pipeline_bash, "squad")  # bash("prepare.sh", ARGS...)
+one_error_line = functools.partial(harness.one_error_line, prog="squad")
 
 
 def readme_blocks():
@@ -121,7 +109,7 @@ def run_readme(root: Path, updates: int) -> dict:
         # finetune.sh's own options first, then "-- fairseq-train flags" at the end of the command
         block = re.sub(r"(bash examples/squad/finetune\.sh(?:[^\n]*\\\n)*[^\n]*)",
                        lambda m: m.group(1) + " " + finetune, block)  # fmt: skip
-        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=root, env=env(),
+        proc = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=root, env=pipeline_env(),
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
         assert proc.returncode == 0, (i, block, proc.stderr[-4000:])
         out[i] = proc
@@ -372,6 +360,55 @@ def test_finetune_command_is_berts_recipe(readme_run):
     assert message.startswith("--task after --: finetune.sh sets it")
 
 
+@pytest.fixture(scope="module")
+def imported_model_and_data_bin(tmp_path_factory):
+    """realformer-import-tf of the TF fixture, and what finetune.sh reads of a v2.0 data-bin of
+    3000 training questions for it (squad.json, prepare.env, train.idx, its dict and vocab)."""
+    root = tmp_path_factory.mktemp("squad_schedule")
+    import_realformer_tf_fixture(root / "model")
+    data_bin = root / "data-bin"
+    data_bin.mkdir()
+    for name in ("dict.txt", "vocab.txt"):
+        shutil.copy(root / "model" / name, data_bin / name)
+    (data_bin / "train.idx").write_bytes(b"")
+    (data_bin / "prepare.env").write_text("", encoding="utf-8")
+    (data_bin / "squad.json").write_text(json.dumps({
+        "squad_version": "2.0", "subsets": {"train": {"examples": 3000}}, "casing": "uncased",
+        "pair_layout": "bert"}), encoding="utf-8")  # fmt: skip
+    return root / "model" / "model.pt", data_bin
+
+
+# run_squad.py's schedule, computed here by hand for 3000 training questions, 2 epochs:
+# int(3000 / batch * 2.0) updates, int(updates * 0.1) warm-up; --max-update alone: 10 % of it
+@pytest.mark.parametrize(
+    "options, batch_per_gpu, updates, warmup",
+    [
+        ([], 12, 250, 25),  # the recipe's batch 24: 3000 / 24 * 2 = 250
+        (["--batch-size", "32"], 16, 187, 18),  # 187.5 -> 187, 18.7 -> 18
+        (["--batch-size", "32", "--warmup", "5"], 16, 187, 5),
+        (["--max-update", "100"], 12, 100, 10),
+        (["--warmup", "7"], 12, 250, 7),
+        (["--batch-size", "10", "--max-update", "33"], 5, 33, 3),
+    ],
+)
+def test_finetune_schedule_is_run_squads_for_the_chosen_batch(
+    imported_model_and_data_bin, options, batch_per_gpu, updates, warmup
+):
+    """finetune.sh takes the schedule from recipes.schedule (one formula, no copy in shell): the
+    fairseq-train command's batch, updates and warm-up, over 2 GPUs."""
+    checkpoint, data_bin = imported_model_and_data_bin
+    proc = ok(bash("finetune.sh", "--data-bin", data_bin, "--checkpoint", checkpoint, "--gpus", "2",
+                   *options, "--dry-run"))  # fmt: skip
+    words = shlex.split(proc.stdout)
+    values = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+    flags = ("--batch-size", "--max-update", "--warmup-updates")
+    assert [words.count(f) for f in flags] == [1, 1, 1]
+    assert (values["--batch-size"], values["--max-update"], values["--total-num-update"],
+            values["--warmup-updates"]) == (str(batch_per_gpu), str(updates), str(updates),
+                                            str(warmup))  # fmt: skip
+    assert f"batch {batch_per_gpu * 2} (2 x {batch_per_gpu})" in proc.stderr
+
+
 def test_readme_recipe_table_is_the_recipe_module():
     recipes = pipeline_module("squad", "recipes")
     assert recipes.table_markdown() in (SQUAD / "README.md").read_text(encoding="utf-8")
@@ -422,3 +459,34 @@ def test_evaluate_reads_the_data_bin_given(readme_run, tmp_path):
     assert scores["data_bin"] == str(copy)
     assert scores["runs"][0]["scores"] == scores_of(root)["runs"][0]["scores"]
     assert len(scores["runs"]) == 1
+
+
+def test_evaluate_warns_that_v11_has_no_null_threshold(tmp_path):
+    """evaluate.sh --threshold / --no-tune on SQuAD v1.1, which has no null threshold: one
+    warning each, as realformer-squad predict --tune-threshold on v1.1, and the stage is the one
+    without them (its settings, which --dry-run prints, are the same)."""
+    model = tmp_path / "model"
+    model.mkdir()
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat"]
+    (model / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    (model / "dict.txt").write_text("".join(f"{token} 1\n" for token in vocab[5:]))
+    qas = [{"id": "q", "question": "the cat", "answers": [{"text": "cat", "answer_start": 4}]}]
+    dev = write_json(tmp_path / "dev-v1.1.json", {"version": "1.1", "data": [
+        {"title": "t", "paragraphs": [{"context": "the cat sat", "qas": qas}]}]})  # fmt: skip
+    data_bin = tmp_path / "data-bin"
+    ok(subprocess.run([str(Path(sys.executable).parent / "realformer-squad"), "features",
+                       "--predict-file", str(dev), "--dest", str(data_bin), "--vocab",
+                       str(model / "vocab.txt"), "--uncased", "--max-seq-length", "32",
+                       "--max-query-length", "8"], env=pipeline_env(), stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    checkpoint = tmp_path / "ft" / "checkpoint_last.pt"  # --dry-run: not read
+    args = ["--data-bin", data_bin, "--checkpoint", checkpoint, "--dry-run"]
+    plain = ok(bash("evaluate.sh", *args))
+    flagged = ok(bash("evaluate.sh", *args, "--threshold", "-1.5", "--no-tune"))
+    assert flagged.stdout == plain.stdout and "stage predict: to run" in plain.stdout
+    warnings = [
+        line.split(" | ")[-1] for line in flagged.stderr.splitlines() if " | WARNING | " in line
+    ]
+    assert warnings == ["--threshold: SQuAD v1.1 has no null threshold (ignored)",
+                        "--no-tune: SQuAD v1.1 has no null threshold to tune (ignored)"]  # fmt: skip
+    assert " | WARNING | " not in plain.stderr

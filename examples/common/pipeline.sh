@@ -45,7 +45,10 @@ die() {
     exit 1
 }
 
-# bin_of NAME: a console script of this environment (fairseq-train, ...), else from PATH
+# bin_of NAME: a console script of this environment (fairseq-train, ...), else from PATH. Resolve
+# it in the script's own shell, then run it: `exe=$(bin_of NAME) || exit 1; "$exe" ARGS`, never
+# "$(bin_of NAME)" ARGS (there die ends only the command substitution, and bash then runs an
+# empty command name: a second line, ": command not found")
 bin_of() {
     if [[ -x "$PYBIN/$1" ]]; then echo "$PYBIN/$1"; else command -v "$1" || die "$1: not found (pip install -e .)"; fi
 }
@@ -194,6 +197,16 @@ verify_archive() {
     esac
 }
 
+# log_download_progress FILE: a log line with FILE's size every $REALFORMER_PROGRESS_SECONDS
+# seconds (default 30; at least 1), until killed (download_file runs it in the background)
+log_download_progress() {
+    local every=${REALFORMER_PROGRESS_SECONDS:-30}
+    [[ "$every" =~ ^[0-9]+$ ]] && ((every >= 1)) || every=1
+    while sleep "$every"; do
+        log "downloading $(basename "$1"): $(stat -c %s "$1" 2>/dev/null || echo 0) bytes so far"
+    done
+}
+
 # download_file URL OUT: resumable (curl -C -), skipped when OUT.ok says it was verified; checks
 # the size against the server's Content-Length, the sha256 against $CHECKSUMS when that file
 # lists it, and that the archive reads; the file takes its final name only after the checks.
@@ -209,9 +222,22 @@ download_file() {
         remote_size="$(curl -sfIL "$url" | tr -d '\r' |
             awk 'tolower($1)=="content-length:" {n=$2} END {print n}')" || true
         log "downloading $url -> $out.part${remote_size:+ ($remote_size bytes)}"
-        curl -fL --retry 5 --retry-delay 10 -C - -o "$out.part" "$url" ||
-            die "$url: download failed ($out.part kept; re-run to resume)"
+        # curl's progress meter (carriage-return updates) only on a terminal; a log redirected
+        # to a file gets a line every $REALFORMER_PROGRESS_SECONDS seconds (default 30) instead
+        local meter=() watcher="" rc=0 started=$SECONDS
+        if [[ ! -t 2 ]]; then
+            meter=(--silent --show-error)
+            log_download_progress "$out.part" &
+            watcher=$!
+        fi
+        curl -fL "${meter[@]}" --retry 5 --retry-delay 10 -C - -o "$out.part" "$url" || rc=$?
+        if [[ -n "$watcher" ]]; then
+            kill "$watcher" 2>/dev/null || true
+            wait "$watcher" 2>/dev/null || true
+        fi
+        ((rc == 0)) || die "$url: download failed ($out.part kept; re-run to resume)"
         size="$(stat -c %s "$out.part")"
+        log "downloaded $out.part: $size bytes in $((SECONDS - started)) s"
         if [[ -n "$remote_size" && "$size" != "$remote_size" ]]; then
             die "$out.part: $size bytes but the server announced $remote_size; re-run to resume"
         fi

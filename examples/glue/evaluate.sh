@@ -86,6 +86,7 @@ if [[ -f "$DATA_BIN/prepare.env" ]]; then
     DATA_BIN="$(cd "$DATA_BIN" && pwd)"
     DATA_TASK="$(sed -n 's/^TASK=//p' "$DATA_BIN/prepare.env")"
     [[ "$DATA_TASK" == "$TASK" ]] || die "$DATA_BIN was prepared for $DATA_TASK, not $TASK"
+    data_cut_log
 elif [[ $DRY_RUN == 1 ]]; then
     warn "$DATA_BIN/prepare.env: missing (not prepared yet?)"
 else

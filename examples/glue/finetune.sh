@@ -137,6 +137,13 @@ if [[ -n "$MODEL_MAX_POSITIONS" && "$MODEL_MAX_POSITIONS" != "$P_MAX_POSITIONS" 
     log "--max-positions $MODEL_MAX_POSITIONS (the model's; the recipe's $P_MAX_POSITIONS is RoBERTa's)"
     set_flag --max-positions "$MODEL_MAX_POSITIONS"
 fi
+# the data-bin's lengths (prepare.sh records them): its longest example fits the model in this
+# pair layout, and within the --max-seq-length prepare.sh cut the examples to, if it did
+if [[ -f "$DATA_BIN/prepare.env" ]]; then
+    glue_tools check-lengths --task "$TASK" --data-bin "$DATA_BIN" --pair-layout "$PAIR_LAYOUT" \
+        --positions "${MODEL_MAX_POSITIONS:-$P_MAX_POSITIONS}" || exit 1
+    data_cut_log
+fi
 # Flags finetune.sh builds itself: after "--" they are refused (fairseq-train would take the last
 # value and fine-tune another model, or data, than the one finetune.sh logs and checks); a flag of
 # the recipe replaces the recipe's value (apply_extra, ../common/pipeline.sh)
@@ -178,8 +185,9 @@ fi
 [[ -z "$SEED" ]] || set_flag --seed "$SEED"
 [[ -z "$LOG_INTERVAL" ]] || set_flag --log-interval "$LOG_INTERVAL"
 
+FAIRSEQ_TRAIN=$(bin_of fairseq-train) || exit 1
 TRAIN_CMD=(
-    "$(bin_of fairseq-train)" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
+    "$FAIRSEQ_TRAIN" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
     "${MODEL_BPE_FLAGS[@]}" "${RECIPE_TRAIN[@]}" --finetune-from-model "$CHECKPOINT" --save-dir "$SAVE_DIR"
 )
 [[ $CPU == 1 ]] && TRAIN_CMD+=(--cpu)

@@ -3,8 +3,16 @@
 A row with another number of columns than its file's layout (glue_tasks.py), or a label outside the
 task's label set, stops with one line naming the file and line, except QQP's train/dev rows that
 are not 6 columns, which fairseq's ``preprocess_GLUE_tasks.sh`` drops (``awk NF==6``) and which
-are dropped here too, counted and reported. Library functions: they raise InputError and return
-what they found; glue_tools.py's commands print.
+are dropped here too, counted and reported.
+
+Lengths (:func:`fit_lengths`): an example longer than the model's positions stops with one line
+naming its file and line, unless a ``--max-seq-length`` is chosen; then pairs are cut with
+BERT's rule (google-research/bert run_classifier.py, ``_truncate_seq_pair``: the longer
+sentence loses its last token until the pair fits, the second one on a tie) and single
+sentences keep their first tokens, as run_classifier.py's ``convert_single_example`` does.
+
+Library functions: they raise InputError and return what they found; glue_tools.py's commands
+print.
 """
 
 import collections
@@ -102,6 +110,7 @@ def split_task(task: Task, task_dir: str, out: str, diagnostic: Optional[str] = 
             outputs["index"] = [row[at] for _, row in rows]
         else:
             outputs["index"] = [str(i) for i in range(len(rows))]
+        outputs["line"] = [str(n) for n, _ in rows]  # where each example is in its file
         for kind, lines in outputs.items():
             with atomic_write(os.path.join(out, f"{split.subset}.{kind}")) as fh:
                 fh.write("".join(line + "\n" for line in lines))
@@ -155,3 +164,128 @@ def check_data_bin(task: Task, data_bin: str):
         if len(set(counts.values())) > 1:
             shown = ", ".join(f"{k} {v}" for k, v in counts.items())
             raise InputError(f"{data_bin}: {split.subset} has {shown} examples; prepare.sh --force")
+
+
+# ------------------------------------------------------------------ lengths
+
+# the tokens fairseq's sentence_prediction adds around an example (its load_dataset: input0 +
+# </s> with --init-token <s> before it; input1 + </s>, with --separator-token </s> before it
+# in RoBERTa's layout)
+PAIR_LAYOUT_SPECIALS = {"roberta": 4, "bert": 3}  # <s> A </s> </s> B </s> / <s> A </s> B </s>
+SINGLE_SPECIALS = 2  # <s> A </s>
+
+
+def special_tokens(pair: bool, layout: str) -> int:
+    if layout not in PAIR_LAYOUT_SPECIALS:
+        raise InputError(f"pair layout must be roberta or bert, got '{layout}'")
+    return PAIR_LAYOUT_SPECIALS[layout] if pair else SINGLE_SPECIALS
+
+
+def truncate_seq_pair(tokens_a: List[str], tokens_b: List[str], max_length: int):
+    """google-research/bert run_classifier.py's ``_truncate_seq_pair``, in place: while the
+    pair is longer than ``max_length``, the last token of the longer one goes (of
+    ``tokens_b`` when both are as long)."""
+    while len(tokens_a) + len(tokens_b) > max_length:
+        if len(tokens_a) > len(tokens_b):
+            tokens_a.pop()
+        else:
+            tokens_b.pop()
+
+
+def fit_lengths(task: Task, split_dir: str, tok_dir: str, out: str, positions: int,
+                layout: str, max_seq_length: Optional[int] = None) -> dict:  # fmt: skip
+    """The tokenised inputs of ``tok_dir`` (one example a line, pieces separated by spaces,
+    as fairseq-preprocess splits them) -> ``out``, checked against the model's ``positions``
+    with the ``layout``'s special tokens. Without ``max_seq_length`` an example that does not
+    fit is an InputError naming its GLUE file and line; with it, every example longer than
+    ``max_seq_length`` is cut to it by BERT's rule (module docstring). Returns (and writes as
+    OUT/lengths.json) the settings, the longest example (its tokens without the special ones)
+    and the number of examples cut per subset, and writes OUT/lengths.env, the lines
+    ``stage_binarize`` adds to the data-bin's prepare.env (:func:`check_lengths` reads them)."""
+    with open(os.path.join(split_dir, "split.json"), encoding="utf-8") as fh:
+        subsets = json.load(fh)["subsets"]
+    pair = len(task.splits[0].inputs) == 2
+    specials = special_tokens(pair, layout)
+    if max_seq_length is not None and not specials < max_seq_length <= positions:
+        raise InputError(
+            f"--max-seq-length {max_seq_length}: must be more than the {specials} special tokens "
+            f"and at most the model's {positions} positions"
+        )
+    limit = max_seq_length or positions
+    parts = ["input0", "input1"] if pair else ["input0"]
+    report = {"positions": positions, "pair_layout": layout, "special_tokens": specials,
+              "max_seq_length": max_seq_length, "longest": 0, "truncated": {}}  # fmt: skip
+    for subset, info in subsets.items():
+        texts = [list(read_lines(os.path.join(tok_dir, f"{subset}.{p}"))) for p in parts]
+        lines = list(read_lines(os.path.join(split_dir, f"{subset}.line")))
+        if len({len(lines), *map(len, texts)}) > 1:
+            raise InputError(f"{tok_dir}: {subset} has {len(lines)} examples but "
+                             f"{'/'.join(str(len(t)) for t in texts)} tokenised lines")  # fmt: skip
+        outputs: List[List[str]] = [[] for _ in parts]
+        cut = 0
+        for n, (line_no, *sides) in enumerate(zip(lines, *texts)):
+            pieces = [side.split() for side in sides]
+            length = sum(map(len, pieces)) + specials
+            if length > limit:  # fairseq-train would stop with "Size of sample #N is invalid"
+                if max_seq_length is None:
+                    raise InputError(
+                        f"{info['file']} line {line_no}: {length} tokens ({layout} pair layout"
+                        f" with {specials} special tokens), more than the model's {positions} "
+                        f"positions: prepare.sh --max-seq-length N cuts such examples as BERT "
+                        f"does (run_classifier.py's longest-first rule, GLUE default 128), or "
+                        f"remove the line"
+                        if pair else
+                        f"{info['file']} line {line_no}: {length} tokens (with <s> and </s>), "
+                        f"more than the model's {positions} positions: prepare.sh "
+                        f"--max-seq-length N keeps the first N - 2 (as BERT's run_classifier.py,"
+                        f" GLUE default 128), or remove the line"
+                    )  # fmt: skip
+                if pair:
+                    truncate_seq_pair(pieces[0], pieces[1], max_seq_length - specials)
+                else:
+                    pieces[0] = pieces[0][: max_seq_length - specials]
+                sides = [" ".join(p) for p in pieces]
+                cut += 1
+            report["longest"] = max(report["longest"], sum(map(len, pieces)))
+            for output, side in zip(outputs, sides):
+                output.append(side)
+        for part, output in zip(parts, outputs):
+            with atomic_write(os.path.join(out, f"{subset}.{part}")) as fh:
+                fh.write("".join(side + "\n" for side in output))
+        report["truncated"][subset] = {"examples": len(lines), "cut": cut}
+    with atomic_write(os.path.join(out, "lengths.json")) as fh:
+        fh.write(json.dumps(report, indent=1) + "\n")
+    with atomic_write(os.path.join(out, "lengths.env")) as fh:
+        fh.write(f"PAIR_LAYOUT={layout}\nMAX_POSITIONS={positions}\n"
+                 f"MAX_SEQ_LENGTH={max_seq_length or ''}\nLONGEST={report['longest']}\n")  # fmt: skip
+    return report
+
+
+def check_lengths(task: Task, data_bin: str, layout: str, positions: int):
+    """The data-bin's examples fit the model fine-tuned from it, in the pair layout of the
+    fine-tuning: its longest example (prepare.sh's LONGEST, tokens without the special ones)
+    with the layout's special tokens within the model's ``positions`` and within the
+    ``--max-seq-length`` it was cut to (MAX_SEQ_LENGTH, recorded with its PAIR_LAYOUT).
+    A data-bin that records none of these (prepared before they were) is not checked."""
+    from realformer_pipelines.model_info import read_prepare_env
+
+    env = read_prepare_env(data_bin)
+    if not env.get("LONGEST"):
+        return
+    pair = len(task.splits[0].inputs) == 2
+    length = int(env["LONGEST"]) + special_tokens(pair, layout)
+    again = f"prepare.sh --pair-layout {layout}" if pair else "prepare.sh"
+    cut = env.get("MAX_SEQ_LENGTH", "")
+    if cut and length > int(cut):
+        raise InputError(
+            f"{data_bin} was cut to --max-seq-length {cut} for the {env.get('PAIR_LAYOUT')} pair "
+            f"layout; its longest example has {length} tokens in the {layout} layout: "
+            f"{again} --max-seq-length {cut}, or fine-tune with --pair-layout "
+            f"{env.get('PAIR_LAYOUT')}"
+        )
+    if length > positions:
+        raise InputError(
+            f"{data_bin}: its longest example has {length} tokens ({layout} pair layout), the "
+            f"model only {positions} positions: {again} --model CHECKPOINT (it stops at the "
+            f"first example that does not fit, or cuts with --max-seq-length N)"
+        )

@@ -77,7 +77,8 @@ def predict(
             raise InputError(
                 f"{subset}: {len(too_long)} of {len(dataset)} examples are longer than the "
                 f"model's {max_positions} positions (first: example {too_long[0]}, "
-                f"{dataset.size(too_long[0])} tokens); fine-tune with -- --shorten-method truncate"
+                f"{dataset.size(too_long[0])} tokens); prepare.sh --max-seq-length N cuts them "
+                "as BERT does"
             )
         batches = task.get_batch_iterator(
             dataset=dataset, max_sentences=batch_size, max_positions=max_positions,

@@ -12,7 +12,8 @@ a user reads); the steps every pipeline shares are the installed ``realformer_pi
 package. Only the command functions below print.
 
 Subcommands: ``task-info`` (bash assignments), ``split`` (a task folder -> raw input0 / input1 /
-label / index files, checked), ``label-dict``, ``scale-labels``, ``check-data-bin``, ``predict``
+label / index files, checked), ``fit-lengths`` (the model's positions, ``--max-seq-length``),
+``check-lengths``, ``label-dict``, ``scale-labels``, ``check-data-bin``, ``predict``
 (a ``sentence_prediction`` checkpoint on binarized subsets), ``score`` (dev metrics with
 scikit-learn / scipy), ``select``, ``summary`` and ``submit`` (GLUE server files). Bad input is
 one line ``glue: error: ...`` and exit status 1.
@@ -73,6 +74,31 @@ def cmd_label_dict(args):
 
 def cmd_scale_labels(args):
     glue_data.scale_labels(task_named(args.task), args.input, args.output)
+
+
+def cmd_fit_lengths(args):
+    """The tokenised inputs checked against the model's positions (one line naming the GLUE file
+    and line of an example that does not fit), or cut to --max-seq-length by BERT's rule; what
+    was done, one line per subset that had examples cut."""
+    from recipes import MAX_POSITIONS
+
+    task = task_named(args.task)
+    positions = args.positions or MAX_POSITIONS
+    report = glue_data.fit_lengths(task, args.split, args.tok, args.out, positions,
+                                   args.pair_layout, args.max_seq_length)  # fmt: skip
+    for subset, counts in report["truncated"].items():
+        if counts["cut"]:
+            say(f"{subset}: {counts['cut']} of {counts['examples']} examples cut to "
+                f"--max-seq-length {args.max_seq_length} (BERT's longest-first rule)")  # fmt: skip
+
+
+def cmd_check_lengths(args):
+    """The data-bin's longest example fits the model (--positions) in --pair-layout, and
+    the --max-seq-length prepare.sh cut it to."""
+    from recipes import MAX_POSITIONS
+
+    glue_data.check_lengths(task_named(args.task), args.data_bin, args.pair_layout,
+                            args.positions or MAX_POSITIONS)  # fmt: skip
 
 
 def cmd_check_data_bin(args):
@@ -174,6 +200,21 @@ def get_parser():
     s.add_argument("--input", required=True)
     s.add_argument("--output", required=True)
     s.set_defaults(fn=cmd_scale_labels)
+    s = sub.add_parser("fit-lengths", help="inputs checked against the model's positions")
+    s.add_argument("--task", required=True)
+    s.add_argument("--split", required=True, help="the split stage's folder (line numbers)")
+    s.add_argument("--tok", required=True, help="the tokenised inputs")
+    s.add_argument("--out", required=True)
+    s.add_argument("--positions", type=int, help="the model's (default: the recipe's 512)")
+    s.add_argument("--pair-layout", default="roberta", choices=("roberta", "bert"))
+    s.add_argument("--max-seq-length", type=int, help="cut longer examples as BERT does")
+    s.set_defaults(fn=cmd_fit_lengths)
+    s = sub.add_parser("check-lengths", help="a data-bin's examples fit a model")
+    s.add_argument("--task", required=True)
+    s.add_argument("--data-bin", required=True)
+    s.add_argument("--positions", type=int, help="the model's (default: the recipe's 512)")
+    s.add_argument("--pair-layout", default="roberta", choices=("roberta", "bert"))
+    s.set_defaults(fn=cmd_check_lengths)
     s = sub.add_parser("check-data-bin", help="prepare.sh's data-bin is complete")
     s.add_argument("--task", required=True)
     s.add_argument("data_bin")
@@ -217,4 +258,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from realformer_pipelines.startup import mark_console_command
+
+    mark_console_command()  # this process is the command
     sys.exit(main())

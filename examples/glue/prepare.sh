@@ -3,7 +3,8 @@
 # sentence_prediction layout (input0/, input1/, label/) with the pre-trained model's own
 # tokenisation, read from the model itself (realformer_pipelines.model_info): Moses + the
 # subword-nmt BPE codes and dictionary of a model pre-trained with this plugin, or the WordPiece
-# vocabulary, casing and dictionary of a model imported from Google's checkpoints. Offline.
+# vocabulary, casing and dictionary of a model imported from Google's checkpoints; every example
+# checked against the model's positions (or cut to --max-seq-length by BERT's rule). Offline.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
 source "$PIPELINE_DIR/stages.sh"
@@ -12,11 +13,12 @@ usage() {
     cat <<EOF
 usage: prepare.sh --task TASK (--glue-dir DIR | --task-dir DIR)
                   (--model PATH | --bpe-codes FILE --dict FILE | --wordpiece-vocab FILE [--dict FILE])
-                  [--lowercase] [--cased | --uncased] [--work-dir DIR] [--dest DIR] [--diagnostic FILE | --no-diagnostic]
+                  [--lowercase] [--cased | --uncased] [--max-seq-length N] [--pair-layout roberta|bert]
+                  [--work-dir DIR] [--dest DIR] [--diagnostic FILE | --no-diagnostic]
                   [--workers N] [--force] [--until STAGE] [--dry-run]
 
 Stages (each skipped on a re-run once it has finished with the same settings):
-  split, tokenize, binarize
+  split, tokenize, lengths, binarize
 
   --task TASK          CoLA, SST-2, MRPC, STS-B, QQP, MNLI, QNLI, RTE or WNLI
   --glue-dir DIR       the GLUE folder (DIR/TASK/train.tsv ...; MNLI also DIR/diagnostic/diagnostic.tsv)
@@ -34,6 +36,13 @@ Stages (each skipped on a re-run once it has finished with the same settings):
   --cased, --uncased   WordPiece: stop unless the model is cased / uncased; a vocabulary without
                        a model: the casing (default: as the vocabulary shows, uncased when no
                        ordinary token has an upper-case letter)
+  --max-seq-length N   cut every example longer than N tokens (special tokens included) as BERT's
+                       run_classifier.py does (pairs: the longer sentence loses its last token
+                       until the pair fits; its GLUE default is 128); recorded in the data-bin.
+                       Without it, an example longer than the model's positions (512 when the
+                       model does not say) stops prepare.sh with one line naming its file and line
+  --pair-layout L      the layout finetune.sh will use, for the lengths: roberta (<s> A </s> </s> B
+                       </s>) or bert (<s> A </s> B </s>); default: the model's, else roberta
   --work-dir DIR       intermediate files and stage markers (default: ./glue_work/TASK)
   --dest DIR           the data-bin (default: WORK/data-bin)
   --diagnostic FILE    MNLI: GLUE's diagnostic set for AX.tsv (default: GLUE_DIR/diagnostic/diagnostic.tsv)
@@ -58,6 +67,8 @@ WORK=""
 DEST=""
 DIAGNOSTIC=""
 NO_DIAGNOSTIC=0
+MAX_SEQ_LENGTH=""
+PAIR_LAYOUT=""
 WORKERS=4
 FORCE=0
 UNTIL=""
@@ -79,6 +90,8 @@ while [[ $# -gt 0 ]]; do
     --dest) opt_value "$@"; DEST=$2; shift 2 ;;
     --diagnostic) opt_value "$@"; DIAGNOSTIC=$2; shift 2 ;;
     --no-diagnostic) NO_DIAGNOSTIC=1; shift ;;
+    --max-seq-length) opt_value "$@"; MAX_SEQ_LENGTH=$2; shift 2 ;;
+    --pair-layout) opt_value "$@"; PAIR_LAYOUT=$2; shift 2 ;;
     --workers) opt_value "$@"; WORKERS=$2; shift 2 ;;
     --force) FORCE=1; shift ;;
     --until) opt_value "$@"; UNTIL=$2; shift 2 ;;
@@ -105,10 +118,14 @@ if [[ -z "$MODEL" && -n "$VOCAB" && -f "$(dirname "$VOCAB")/model.pt" ]]; then
     MODEL="$(dirname "$VOCAB")"
 fi
 # what the model knows (realformer_pipelines.model_info): MODEL_TOKENIZER, MODEL_CASED,
-# MODEL_VOCAB, MODEL_DICT; an explicit --cased / --uncased that contradicts it stops here
+# MODEL_VOCAB, MODEL_DICT, MODEL_PAIR_LAYOUT, MODEL_MAX_POSITIONS; an explicit --cased /
+# --uncased / --pair-layout that contradicts it stops here
 MODEL_TOKENIZER="" MODEL_CASED="" MODEL_VOCAB="" MODEL_DICT="" MODEL_CHECKPOINT=""
+MODEL_PAIR_LAYOUT="" MODEL_MAX_POSITIONS=""
+case "$PAIR_LAYOUT" in "" | roberta | bert) ;; *) die "--pair-layout must be roberta or bert, got '$PAIR_LAYOUT'" ;; esac
+[[ -z "$MAX_SEQ_LENGTH" ]] || whole_number --max-seq-length "$MAX_SEQ_LENGTH" 1
 if [[ -n "$MODEL" ]]; then
-    MODEL_SH="$(tools model-info --model "$MODEL" "${CASE_FLAG[@]}")" || exit 1
+    MODEL_SH="$(tools model-info --model "$MODEL" "${CASE_FLAG[@]}" ${PAIR_LAYOUT:+--pair-layout "$PAIR_LAYOUT"})" || exit 1
     eval "$MODEL_SH"
     log "the model $MODEL_CHECKPOINT: ${MODEL_TOKENIZER:-tokenisation not recorded}${MODEL_CASED:+, cased=$MODEL_CASED}"
 elif [[ -n "$VOCAB" ]]; then
@@ -158,7 +175,9 @@ else
 fi
 check_files "$DICT"
 whole_number --workers "$WORKERS" 1
-case "$UNTIL" in "" | split | tokenize | binarize) ;; *) die "--until: unknown stage '$UNTIL'" ;; esac
+case "$UNTIL" in "" | split | tokenize | lengths | binarize) ;; *) die "--until: unknown stage '$UNTIL'" ;; esac
+# the layout finetune.sh will use by default (the model's, else roberta's)
+PAIR_LAYOUT=${PAIR_LAYOUT:-${MODEL_PAIR_LAYOUT:-roberta}}
 BPE_CODES=${BPE_CODES:+$(abspath "$BPE_CODES")}
 VOCAB=${VOCAB:+$(abspath "$VOCAB")}
 DICT="$(abspath "$DICT")"
@@ -172,18 +191,20 @@ DEST="$(abspath "$DEST")"
 export FORCE
 
 # each stage's settings include the previous stage's, so a change redoes what follows it
-S_SPLIT="task=$TASK dir=$TASK_DIR diagnostic=${DIAGNOSTIC:-default} no_diagnostic=$NO_DIAGNOSTIC"
+S_SPLIT="task=$TASK dir=$TASK_DIR diagnostic=${DIAGNOSTIC:-default} no_diagnostic=$NO_DIAGNOSTIC lines=1"
 if [[ $TOKENIZER == subword-nmt ]]; then
     TOK_VERSION="$(tools tokenizer-version)" || exit 1
     S_TOK="$S_SPLIT subword-nmt codes=$BPE_CODES $(sha256sum "$BPE_CODES" | cut -d' ' -f1) lowercase=$LOWERCASE tok=$TOK_VERSION-a"
 else
     S_TOK="$S_SPLIT wordpiece vocab=$VOCAB $(sha256sum "$VOCAB" | cut -d' ' -f1) cased=$CASED"
 fi
-S_BIN="$S_TOK dict=$DICT $(sha256sum "$DICT" | cut -d' ' -f1) dest=$DEST"
+S_LEN="$S_TOK positions=${MODEL_MAX_POSITIONS:-recipe} layout=$PAIR_LAYOUT max_seq_length=$MAX_SEQ_LENGTH"
+S_BIN="$S_LEN dict=$DICT $(sha256sum "$DICT" | cut -d' ' -f1) dest=$DEST"
 
-log "$TASK from $TASK_DIR; $TOKENIZER; work dir $WORK; data-bin $DEST"
+log "$TASK from $TASK_DIR; $TOKENIZER; ${MODEL_MAX_POSITIONS:-512 (recipe default)} positions, $PAIR_LAYOUT pair layout${MAX_SEQ_LENGTH:+, examples cut to --max-seq-length $MAX_SEQ_LENGTH}; work dir $WORK; data-bin $DEST"
 # with --dry-run, each stage prints whether it would run (stage, ../common/pipeline.sh)
 stage split "$S_SPLIT" stage_split
 stage tokenize "$S_TOK" stage_tokenize
+stage lengths "$S_LEN" stage_lengths
 stage binarize "$S_BIN" stage_binarize
 [[ $DRY_RUN == 1 ]] || log "done: $DEST"

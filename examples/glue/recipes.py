@@ -95,6 +95,7 @@ WNLI_SCHEDULE = (
 )
 
 GLUE_METRIC = "GLUE's metric of the task (Wang et al. 2018, Table 1)"
+MAX_POSITIONS = 512  # the recipe's --max-positions (RoBERTa's); a model's own wins
 FP16_FLAGS = ("--fp16", "--fp16-init-scale", "--threshold-loss-scale", "--fp16-scale-window")
 
 
@@ -117,7 +118,7 @@ def recipe(task: str, pair_layout: str = "roberta") -> List[Tuple[str, Optional[
     ]
     if pair_layout == "roberta":
         flags.append(("--separator-token", "2", s("separator_token")))
-    flags += [("--max-positions", "512", s("max_positions"))]
+    flags += [("--max-positions", str(MAX_POSITIONS), s("max_positions"))]
     if task == "STS-B":
         flags.append(("--regression-target", None, s("regression_target")))
     flags += [
@@ -176,7 +177,8 @@ def cmd_shell(args):
         flags += [flag] if value is None else [flag, value]
     classes, lr, batch, updates, warmup = TASK_VALUES[args.task]
     print("RECIPE_TRAIN=(" + " ".join(shlex.quote(f) for f in flags) + ")")
-    print(f"P_MAX_POSITIONS=512 P_UPDATES={updates} P_WARMUP={warmup} P_LR={lr} P_BATCH={batch}")
+    print(f"P_MAX_POSITIONS={MAX_POSITIONS} P_UPDATES={updates} P_WARMUP={warmup} P_LR={lr} "
+          f"P_BATCH={batch}")  # fmt: skip
 
 
 def table_markdown() -> str:
@@ -231,4 +233,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from realformer_pipelines.startup import mark_console_command
+
+    mark_console_command()  # this process is the command
     sys.exit(main())

@@ -34,9 +34,15 @@ inputs_tokenize() {
     for name in $(split_inputs); do echo "$WORK/split/$name"; done
     echo "${BPE_CODES:-$VOCAB}"
 }
-inputs_binarize() {
+inputs_lengths() {
     local name
     for name in $(split_inputs); do echo "$WORK/tok/$name"; done
+    (cd "$WORK/split" && ls -- *.line split.json 2>/dev/null) | sed "s|^|$WORK/split/|"
+}
+inputs_binarize() {
+    local name
+    for name in $(split_inputs); do echo "$WORK/fit/$name"; done
+    echo "$WORK/fit/lengths.env"
     (cd "$WORK/split" && ls -- *.label *.index split.json 2>/dev/null) | sed "s|^|$WORK/split/|"
     echo "$DICT"
 }
@@ -52,13 +58,14 @@ stage_tokenize() {
     mkdir -p "$WORK/tok"
     local name
     if [[ $TOKENIZER == wordpiece ]]; then # every file in one process
-        local case_flag=(--uncased) ins=() outs=()
+        local case_flag=(--uncased) ins=() outs=() wordpiece
+        wordpiece=$(bin_of realformer-wordpiece) || exit 1
         [[ $CASED == 1 ]] && case_flag=(--cased)
         for name in $(split_inputs); do
             ins+=("$WORK/split/$name")
             outs+=("$WORK/tok/$name.tmp")
         done
-        "$(bin_of realformer-wordpiece)" --vocab "$VOCAB" "${case_flag[@]}" \
+        "$wordpiece" --vocab "$VOCAB" "${case_flag[@]}" \
             --inputs "${ins[@]}" --outputs "${outs[@]}" || die "realformer-wordpiece failed on $WORK/split"
         for name in $(split_inputs); do mv "$WORK/tok/$name.tmp" "$WORK/tok/$name"; done
         return 0
@@ -75,6 +82,20 @@ stage_tokenize() {
             --input "$WORK/tok/$name.moses" --output "$WORK/tok/$name" || exit 1
         rm -f "$WORK/tok/$name.moses" "$WORK/tok/$name.lc"
     done
+}
+
+# stage_lengths: the tokenised inputs against the model's positions (MODEL_MAX_POSITIONS, else the
+# recipe's 512) in the pair layout PAIR_LAYOUT, into $WORK/fit: an example that does not fit stops
+# with one line naming its GLUE file and line; with --max-seq-length (MAX_SEQ_LENGTH) examples
+# longer than it are cut by BERT's rule (run_classifier.py's _truncate_seq_pair, longest first)
+stage_lengths() {
+    rm -rf "$WORK/fit"
+    mkdir -p "$WORK/fit"
+    local args=(--task "$TASK" --split "$WORK/split" --tok "$WORK/tok" --out "$WORK/fit"
+        --pair-layout "$PAIR_LAYOUT")
+    [[ -z "$MODEL_MAX_POSITIONS" ]] || args+=(--positions "$MODEL_MAX_POSITIONS")
+    [[ -z "$MAX_SEQ_LENGTH" ]] || args+=(--max-seq-length "$MAX_SEQ_LENGTH")
+    glue_tools fit-lengths "${args[@]}" || exit 1
 }
 
 # files DIR KIND EXT: the comma-joined files DIR/{subset}.EXT of a kind of subset (valid:
@@ -129,8 +150,8 @@ stage_binarize() {
     rm -f "$WORK/preprocess.commands" "$WORK"/preprocess.*.log
     local input
     for input in input0 input1; do
-        [[ -f "$WORK/tok/train.$input" ]] || continue
-        preprocess "$input" "$DICT" "$WORK/tok" "$input"
+        [[ -f "$WORK/fit/train.$input" ]] || continue
+        preprocess "$input" "$DICT" "$WORK/fit" "$input"
     done
     if [[ $REGRESSION == 1 ]]; then
         mkdir -p "$TMP_DEST/label"
@@ -147,22 +168,33 @@ stage_binarize() {
         preprocess label "$WORK/label.dict.txt" "$WORK/split" label
     fi
     run_preprocess
-    cp "$WORK/split/"*.index "$WORK/split/"*.label "$WORK/split/split.json" "$TMP_DEST/glue/"
+    cp "$WORK/split/"*.index "$WORK/split/"*.label "$WORK/split/split.json" "$WORK/fit/lengths.json" \
+        "$TMP_DEST/glue/"
     if [[ $TOKENIZER == subword-nmt ]]; then
         cp "$BPE_CODES" "$TMP_DEST/bpecodes"
     else
         cp "$VOCAB" "$TMP_DEST/vocab.txt"
     fi
-    # what finetune.sh and evaluate.sh compare with the model (model_info.check_data_fits)
+    # what finetune.sh and evaluate.sh compare with the model (model_info.check_data_fits), and
+    # the lengths (glue_data.check_lengths): PAIR_LAYOUT, MAX_POSITIONS, MAX_SEQ_LENGTH, LONGEST
     printf 'TASK=%s\nTOKENIZER=%s\nLOWERCASE=%s\nCASED=%s\nDICT=%s\nDICT_SHA256=%s\nMODEL=%s\n' \
         "$TASK" "$TOKENIZER" "$LOWERCASE" "$CASED" "$DICT" "$(sha256sum "$DICT" | cut -d' ' -f1)" \
         "${MODEL_CHECKPOINT:-}" >"$TMP_DEST/prepare.env"
+    cat "$WORK/fit/lengths.env" >>"$TMP_DEST/prepare.env"
     if [[ -e "$DEST" ]]; then
         [[ -f "$DEST/prepare.env" ]] || die "$DEST: exists and was not made by prepare.sh; remove it or pick another --dest"
         rm -rf "$DEST"
     fi
     mv "$TMP_DEST" "$DEST"
     log "binarized $TASK in $DEST"
+}
+
+# data_cut_log: a log line when prepare.sh cut the data-bin's examples to --max-seq-length (its
+# prepare.env's MAX_SEQ_LENGTH): fine-tuning and evaluation see them so
+data_cut_log() {
+    local cut
+    cut="$(sed -n 's/^MAX_SEQ_LENGTH=//p' "$DATA_BIN/prepare.env")"
+    [[ -z "$cut" ]] || log "$DATA_BIN: examples cut to --max-seq-length $cut by prepare.sh (BERT's longest-first rule)"
 }
 
 # ------------------------------------------------------------------------------- evaluate

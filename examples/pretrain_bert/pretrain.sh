@@ -163,13 +163,15 @@ for ((p = 1; p <= PHASES; p++)); do
     TRAIN_ARGS=("${!data_var}" --user-dir "$USER_DIR" "${RECIPE_TRAIN[@]}" --seed "$SEED" --save-dir "$SAVE_DIR")
     [[ $CPU == 0 ]] || TRAIN_ARGS+=(--cpu)
     if ((p == 2)); then TRAIN_ARGS+=(--reset-dataloader); fi # removed below once phase 2 has started
+    FAIRSEQ_TRAIN=$(bin_of fairseq-train) || exit 1
     if [[ $NNODES -gt 1 ]]; then
         TRAIN_ARGS+=(--distributed-world-size "$WORLD")
-        CMD=("$(bin_of torchrun)" --nnodes "$NNODES" --nproc-per-node "$GPUS" --node-rank "$NODE_RANK"
-            --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" "$(bin_of fairseq-train)" "${TRAIN_ARGS[@]}" "${EXTRA[@]}")
+        TORCHRUN=$(bin_of torchrun) || exit 1
+        CMD=("$TORCHRUN" --nnodes "$NNODES" --nproc-per-node "$GPUS" --node-rank "$NODE_RANK"
+            --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" "$FAIRSEQ_TRAIN" "${TRAIN_ARGS[@]}" "${EXTRA[@]}")
     else
         [[ $CPU == 1 ]] || TRAIN_ARGS+=(--distributed-world-size "$GPUS")
-        CMD=("$(bin_of fairseq-train)" "${TRAIN_ARGS[@]}" "${EXTRA[@]}")
+        CMD=("$FAIRSEQ_TRAIN" "${TRAIN_ARGS[@]}" "${EXTRA[@]}")
     fi
     TRAIN_CMDS+=("$(printf '%q ' "${CMD[@]}")")
     EXTRA=("${EXTRA_KEPT[@]}")

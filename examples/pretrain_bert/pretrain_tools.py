@@ -20,6 +20,7 @@ Bad input stops with one line ``pretrain_bert: error: ...``.
 import argparse
 import glob
 import json
+import logging
 import os
 import re
 import shlex
@@ -386,5 +387,23 @@ def main(argv: Optional[List[str]] = None) -> int:
     return run_cli(get_parser(), argv, PROG)
 
 
+def quiet_library_logging():
+    """This command's output is its own lines (log lines on stderr, results on stdout): the
+    libraries' log records (fairseq's INFO lines for every checkpoint it loads; importing fairseq
+    sets the root logger to DEBUG, which lets matplotlib's DEBUG lines through) show from
+    WARNING up, in fairseq's format. A root handler set first makes fairseq's own
+    ``logging.basicConfig`` calls do nothing. Process state: the console entry point only."""
+    logging.basicConfig(
+        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
+        datefmt="%Y-%m-%d %H:%M:%S",
+        level=logging.WARNING,
+        stream=sys.stderr,
+    )
+
+
 if __name__ == "__main__":
+    quiet_library_logging()
+    from realformer_pipelines.startup import mark_console_command
+
+    mark_console_command()  # this process is the command
     sys.exit(main())

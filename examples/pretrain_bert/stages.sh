@@ -53,11 +53,12 @@ inputs_instances() { printf '%s\n' "$WORK/vocab.txt" "$WORK/split/train.txt" "$W
 # stage_binarize: fairseq-preprocess with the vocabulary's dictionary into $DEST (built in
 # $DEST.tmp, then renamed), with vocab.txt and prepare.json; $WORK/vocab.txt stays beside it
 stage_binarize() {
-    local tmp="$DEST.tmp"
+    local tmp="$DEST.tmp" preprocess
+    preprocess=$(bin_of fairseq-preprocess) || exit 1
     rm -rf "$tmp"
     mkdir -p "$(dirname "$DEST")"
     pretrain_tools finish-data-bin --vocab "$WORK/vocab.txt" --write-dict "$WORK/instances/dict.txt" || exit 1
-    "$(bin_of fairseq-preprocess)" --only-source --srcdict "$WORK/instances/dict.txt" \
+    "$preprocess" --only-source --srcdict "$WORK/instances/dict.txt" \
         --trainpref "$WORK/instances/train.wp" --validpref "$WORK/instances/valid.wp" \
         --destdir "$tmp" --workers "$WORKERS" >"$WORK/preprocess.log" 2>&1 ||
         die "fairseq-preprocess failed, see $WORK/preprocess.log"

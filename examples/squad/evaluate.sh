@@ -25,8 +25,8 @@ Stages (skipped on a re-run with the same checkpoint, data-bin and settings):
   --out-dir DIR         default: CHECKPOINT_DIR/eval
   --subset NAME         default: valid
   --threshold T         v2.0: run_squad.py's --null_score_diff_threshold for the first answers
-                        (default: the checkpoint's, 0.0)
-  --no-tune             v2.0: no second run at best_f1_thresh
+                        (default: the checkpoint's, 0.0); v1.1: warned about, ignored
+  --no-tune             v2.0: no second run at best_f1_thresh; v1.1: warned about, ignored
   --batch-size N        windows per batch (default 64)
   --dry-run             print the command and exit
 EOF
@@ -68,6 +68,11 @@ fi
 DATA_BIN="$(cd "$DATA_BIN" && pwd)"
 CHECKPOINT="$(abspath "$CHECKPOINT")"
 VERSION="$(squad_setting squad_version)"
+if [[ "$VERSION" != 2.0 ]]; then # as realformer-squad predict --tune-threshold: warned, ignored
+    [[ -z "$THRESHOLD" ]] || warn "--threshold: SQuAD v$VERSION has no null threshold (ignored)"
+    [[ $TUNE == 1 ]] || warn "--no-tune: SQuAD v$VERSION has no null threshold to tune (ignored)"
+    THRESHOLD="" TUNE=1 # the defaults: the stage's settings are those of a run without them
+fi
 [[ -f "$DATA_BIN/$SUBSET.idx" ]] || die "$DATA_BIN: no subset $SUBSET (prepare.sh --predict-file)"
 OUT_DIR=${OUT_DIR:-$(dirname "$CHECKPOINT")/eval}
 mkdir -p "$OUT_DIR"

@@ -2,8 +2,9 @@
 # Fine-tune a pre-trained RealFormer / BERT encoder on SQuAD (RealFormer, He et al. 2020, arXiv
 # 2012.11747: "the standard BERT fine-tuning procedure", google-research/bert run_squad.py):
 # fairseq-train --task squad --criterion squad_span from the checkpoint, with BERT's recipe
-# (recipes.py: lr 3e-5, 2 epochs, 10 % warm-up then linear decay, batch 12 (v1.1) / 24 (v2.0),
-# Adam eps 1e-6, weight decay 0.01, clipping 1.0) and the checkpoint's own model flags.
+# (recipes.py: lr 3e-5, 2 epochs, 10 % warm-up then linear decay, batch 24 as BERT's README's
+# Cloud TPU commands, Adam eps 1e-6, weight decay 0.01, clipping 1.0) and the checkpoint's own
+# model flags.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/../common/pipeline.sh"
 source "$PIPELINE_DIR/stages.sh"
@@ -89,8 +90,16 @@ fi
 # RECIPE_TRAIN and P_* (recipes.py)
 NO_FP16=()
 [[ $FP16 == 1 ]] || NO_FP16=(--no-fp16)
-RECIPE_SH="$("$PYTHON" "$PIPELINE_DIR/recipes.py" shell --version "$VERSION" --train-examples "$TRAIN_EXAMPLES" "${NO_FP16[@]}")" || exit 1
+# the schedule (recipes.schedule: run_squad.py's int(examples / batch * 2) updates, 10 % warm-up)
+# of the batch, updates and warm-up given here
+SCHEDULE=()
+[[ -z "$BATCH" ]] || SCHEDULE+=(--batch-size "$BATCH")
+[[ -z "$MAX_UPDATE" ]] || SCHEDULE+=(--max-update "$MAX_UPDATE")
+[[ -z "$WARMUP" ]] || SCHEDULE+=(--warmup "$WARMUP")
+RECIPE_SH="$("$PYTHON" "$PIPELINE_DIR/recipes.py" shell --version "$VERSION" --train-examples "$TRAIN_EXAMPLES" \
+    "${SCHEDULE[@]}" "${NO_FP16[@]}")" || exit 1
 eval "$RECIPE_SH"
+BATCH=$P_BATCH
 
 own_option_of() {
     case "$1" in
@@ -118,17 +127,6 @@ own_option_of() {
 RECIPE="BERT's SQuAD v$VERSION recipe"
 apply_extra
 
-# the schedule: run_squad.py's int(examples / batch * 2) updates, 10 % warm-up
-BATCH=${BATCH:-$P_BATCH}
-if [[ -z "$MAX_UPDATE" && "$BATCH" != "$P_BATCH" ]]; then
-    MAX_UPDATE=$("$PYTHON" -c "import sys; print(int(int(sys.argv[1]) / int(sys.argv[2]) * 2.0))" "$TRAIN_EXAMPLES" "$BATCH")
-fi
-if [[ -n "$MAX_UPDATE" ]]; then
-    set_flag --max-update "$MAX_UPDATE"
-    set_flag --total-num-update "$MAX_UPDATE"
-    [[ -n "$WARMUP" ]] || WARMUP=$((MAX_UPDATE / 10))
-fi
-[[ -z "$WARMUP" ]] || set_flag --warmup-updates "$WARMUP"
 [[ -z "$LR" ]] || set_flag --lr "$LR"
 [[ -z "$SEED" ]] || set_flag --seed "$SEED"
 [[ -z "$LOG_INTERVAL" ]] || set_flag --log-interval "$LOG_INTERVAL"
@@ -146,8 +144,9 @@ set_flag --batch-size $((BATCH / GPUS))
 
 # the tokenisation recorded in every checkpoint (what the model knows, for the hub and later steps)
 WORDPIECE=(--bpe wordpiece --wordpiece-vocab "$DATA_BIN/vocab.txt" "--wordpiece-$DATA_CASING")
+FAIRSEQ_TRAIN=$(bin_of fairseq-train) || exit 1
 TRAIN_CMD=(
-    "$(bin_of fairseq-train)" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
+    "$FAIRSEQ_TRAIN" "$DATA_BIN" --user-dir "$USER_DIR" --arch "$MODEL_ARCH" "${MODEL_FLAGS[@]}"
     ${MODEL_MAX_POSITIONS:+--max-positions "$MODEL_MAX_POSITIONS"} "${RECIPE_TRAIN[@]}" "${WORDPIECE[@]}" --finetune-from-model "$CHECKPOINT" --save-dir "$SAVE_DIR"
 )
 if [[ $CPU == 1 ]]; then

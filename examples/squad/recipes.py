@@ -6,7 +6,16 @@ RealFormer (He, Ravula, Kanagal, Ainslie 2020, arXiv 2012.11747) fine-tunes on S
 standard BERT fine-tuning procedure": google-research/bert ``run_squad.py`` with the values of
 BERT's README (its SQuAD 1.1 and 2.0 commands) and ``optimization.py``. Every value below
 carries the file and line of google-research/bert (commit eedf571, the repository's last) it
-comes from; ``tests/test_squad.py`` checks them against BERT's values written in the test.
+comes from; ``tests/test_squad.py`` checks them against BERT's values written in the test and
+against the text of the cited lines (pinned in ``tests/data/google_research_bert_eedf571.txt``).
+
+Both versions take the values of BERT's README's Cloud TPU commands (README.md:564-579 for
+v1.1, :610-626 for v2.0): batch 24, learning rate 3e-5, 2 epochs, 384 / 128. They are one
+family: the README's only v2.0 command is a TPU one, with the v1.1 TPU command's values and
+``--version_2_with_negative``. The README's other v1.1 command (batch 12, :527-540) is sized
+for BERT-Base on one 12 GB GPU, a memory limit rather than a choice of recipe, and has no v2.0
+counterpart; the BERT paper's values (batch 32 / 48) are in no file of the repository. The TPU
+commands are written for BERT-Large; the README gives no Base command for v2.0.
 
 Departures, each on purpose (also in the source column):
 
@@ -44,11 +53,11 @@ README, RUN_SQUAD, OPTIMIZATION = (
 VERSIONS = ("1.1", "2.0")
 
 # (flag, value per version (1.1, 2.0) or None for a switch, source)
-EPOCHS = 2.0  # README.md:537 (v1.1), :620 (v2.0): --num_train_epochs=2.0
+EPOCHS = 2.0  # README.md:574 (v1.1), :620 (v2.0): --num_train_epochs=2.0
 WARMUP_PROPORTION = 0.1  # run_squad.py:96-99 warmup_proportion 0.1
-BATCH = {"1.1": 12, "2.0": 24}  # README.md:535, :618 --train_batch_size
-LR = "3e-05"  # README.md:536, :619 --learning_rate=3e-5
-MAX_SEQ_LENGTH, DOC_STRIDE, MAX_QUERY_LENGTH = 384, 128, 64  # README.md:538-539; run_squad.py:77-80
+BATCH = {"1.1": 24, "2.0": 24}  # README.md:572 (v1.1), :618 (v2.0) --train_batch_size=24
+LR = "3e-05"  # README.md:573, :619 --learning_rate=3e-5
+MAX_SEQ_LENGTH, DOC_STRIDE, MAX_QUERY_LENGTH = 384, 128, 64  # README.md:575-576; run_squad.py:77-80
 N_BEST_SIZE, MAX_ANSWER_LENGTH, NULL_SCORE_DIFF_THRESHOLD = (
     20,
     30,
@@ -57,16 +66,16 @@ N_BEST_SIZE, MAX_ANSWER_LENGTH, NULL_SCORE_DIFF_THRESHOLD = (
 
 FEATURES: List[Tuple[str, str, str]] = [
     ("--max-seq-length", str(MAX_SEQ_LENGTH),
-     README + ":538 --max_seq_length=384 (v1.1), :621 (v2.0); run_squad.py:66-70 default 384"),
+     README + ":575 --max_seq_length=384 (v1.1), :621 (v2.0); run_squad.py:66-70 default 384"),
     ("--doc-stride", str(DOC_STRIDE),
-     README + ":539 --doc_stride=128 (v1.1), :622 (v2.0); run_squad.py:72-75 default 128"),
+     README + ":576 --doc_stride=128 (v1.1), :622 (v2.0); run_squad.py:72-75 default 128"),
     ("--max-query-length", str(MAX_QUERY_LENGTH), RUN_SQUAD + ":77-80 max_query_length 64"),
 ]  # fmt: skip
 DECODING: List[Tuple[str, str, str]] = [
     ("--n-best-size", str(N_BEST_SIZE), RUN_SQUAD + ":107-110 n_best_size 20"),
     ("--max-answer-length", str(MAX_ANSWER_LENGTH), RUN_SQUAD + ":112-115 max_answer_length 30"),
     ("--null-score-diff-threshold", "0.0",
-     RUN_SQUAD + ":152-154 null_score_diff_threshold 0.0; README.md:635-663: set it to "
+     RUN_SQUAD + ":152-154 null_score_diff_threshold 0.0; README.md:640-643, :663: set it to "
      "evaluate-v2.0.py's best_f1_thresh on dev"),
 ]  # fmt: skip
 
@@ -88,7 +97,7 @@ def recipe(
     if version not in VERSIONS:
         raise ValueError(f"--version must be 1.1 or 2.0, got '{version}'")
     batch = BATCH[version]
-    line = {"1.1": "535", "2.0": "618"}[version]
+    line = {"1.1": "572", "2.0": "618"}[version]  # the Cloud TPU commands (module docstring)
     if train_examples is None:
         updates = f"int(train examples / {batch} * 2)"
         warmup = "int(0.1 * updates)"
@@ -102,8 +111,8 @@ def recipe(
     return [
         ("--task", "squad", "the plugin's task (run_squad.py's features and model)"),
         ("--criterion", "squad_span", RUN_SQUAD + ":646-661 (start loss + end loss) / 2"),
-        ("--batch-size", str(batch), f"{README}:{line} --train_batch_size={batch}"
-         + (" (BERT-Base on one 12 GB GPU)" if version == "1.1" else " (BERT-Large on a Cloud TPU)")),
+        ("--batch-size", str(batch), f"{README}:{line} --train_batch_size={batch} (its Cloud "
+         "TPU command)"),
         ("--required-batch-size-multiple", "1", "every batch has --batch-size windows (fairseq's default rounds to 8)"),
         ("--optimizer", "adam", OPTIMIZATION + ":59-65 AdamWeightDecayOptimizer; fairseq's adam has "
          "bias correction, BERT's has none"),
@@ -133,18 +142,29 @@ FP16_FLAGS = ("--fp16",)
 
 
 def cmd_shell(args):
-    """bash assignments for finetune.sh: RECIPE_TRAIN (array), the batch, updates and warm-up,
-    and the feature and decoding settings."""
+    """bash assignments for finetune.sh: RECIPE_TRAIN (array) with the schedule of the batch
+    the user chose (``--batch-size``: run_squad.py's updates for that batch, :func:`schedule`;
+    ``--max-update`` / ``--warmup`` replace the updates / the warm-up, ``--max-update`` alone
+    keeps the 10 % warm-up), and P_BATCH, P_UPDATES, P_WARMUP (those values), P_LR and the
+    feature settings."""
     if args.train_examples < 1:
         raise InputError("--train-examples must be at least 1")
+    batch = args.batch_size or BATCH[args.version]
+    updates, warmup = schedule(args.train_examples, batch)
+    if args.max_update is not None:
+        updates, warmup = args.max_update, int(args.max_update * WARMUP_PROPORTION)
+    if args.warmup is not None:
+        warmup = args.warmup
+    values = {"--batch-size": batch, "--max-update": updates, "--total-num-update": updates,
+              "--warmup-updates": warmup}  # fmt: skip
     flags: List[str] = []
     for flag, value, _ in recipe(args.version, args.train_examples):
         if args.no_fp16 and flag in FP16_FLAGS:
             continue
+        value = str(values[flag]) if flag in values else value
         flags += [flag] if value is None else [flag, value]
-    updates, warmup = schedule(args.train_examples, BATCH[args.version])
     print("RECIPE_TRAIN=(" + " ".join(shlex.quote(f) for f in flags) + ")")
-    print(f"P_BATCH={BATCH[args.version]} P_UPDATES={updates} P_WARMUP={warmup} P_LR={LR} "
+    print(f"P_BATCH={batch} P_UPDATES={updates} P_WARMUP={warmup} P_LR={LR} "
           f"P_MAX_SEQ_LENGTH={MAX_SEQ_LENGTH} P_DOC_STRIDE={DOC_STRIDE} "
           f"P_MAX_QUERY_LENGTH={MAX_QUERY_LENGTH}")  # fmt: skip
 
@@ -168,6 +188,9 @@ def get_parser():
     s.add_argument("--version", required=True, choices=VERSIONS)
     s.add_argument("--train-examples", type=int, required=True,
                    help="training questions (the data-bin's squad.json)")  # fmt: skip
+    s.add_argument("--batch-size", type=int, help="the total batch (default: the recipe's)")
+    s.add_argument("--max-update", type=int, help="updates (default: run_squad.py's schedule)")
+    s.add_argument("--warmup", type=int, help="warm-up updates (default: 10 %% of the updates)")
     s.add_argument("--no-fp16", action="store_true")
     s.set_defaults(fn=cmd_shell)
     s = sub.add_parser("table", help="the README's recipe table")
@@ -180,4 +203,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from realformer_pipelines.startup import mark_console_command
+
+    mark_console_command()  # this process is the command
     sys.exit(main())

@@ -28,7 +28,8 @@ inputs_features() {
 # stage_features: the SQuAD files -> $DEST (BERT's windows as fairseq token ids, labels, the
 # record decoding reads; realformer-squad features), built in $DEST.tmp and renamed
 stage_features() {
-    local tmp="$DEST.tmp" args=()
+    local tmp="$DEST.tmp" args=() squad
+    squad=$(bin_of realformer-squad) || exit 1
     rm -rf "$tmp"
     args=(features --dest "$tmp" --vocab "$MODEL_VOCAB" --dict "$MODEL_DICT"
         --pair-layout "$PAIR_LAYOUT" --max-seq-length "$MAX_SEQ_LENGTH" --doc-stride "$DOC_STRIDE"
@@ -38,7 +39,7 @@ stage_features() {
     case "$CASED" in 1) args+=(--cased) ;; 0) args+=(--uncased) ;; esac
     [[ -z "$TRAIN_FILE" ]] || args+=(--train-file "$TRAIN_FILE")
     [[ -z "$PREDICT_FILE" ]] || args+=(--predict-file "$PREDICT_FILE")
-    "$(bin_of realformer-squad)" "${args[@]}" || exit 1
+    "$squad" "${args[@]}" || exit 1
     printf 'MODEL=%s\n' "$MODEL_CHECKPOINT" >"$tmp/prepare.env"
     if [[ -e "$DEST" ]]; then
         [[ -f "$DEST/prepare.env" ]] || die "$DEST: exists and was not made by prepare.sh; remove it or pick another --dest"
@@ -59,5 +60,7 @@ stage_predict() {
     [[ $CPU == 1 ]] && args+=(--cpu)
     [[ -z "$THRESHOLD" ]] || args+=(--null-score-diff-threshold "$THRESHOLD")
     [[ $TUNE == 1 && "$VERSION" == 2.0 ]] && args+=(--tune-threshold)
-    "$(bin_of realformer-squad)" "${args[@]}" >"$OUT_DIR/predict.out" || exit 1
+    local squad
+    squad=$(bin_of realformer-squad) || exit 1
+    "$squad" "${args[@]}" >"$OUT_DIR/predict.out" || exit 1
 }

@@ -265,4 +265,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
+    from realformer_pipelines.startup import mark_console_command
+
+    mark_console_command()  # this process is the command
     sys.exit(main())

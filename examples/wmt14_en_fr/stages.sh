@@ -180,10 +180,11 @@ stage_binarize() {
     local split
     for split in train valid test; do check_pair "$WORK/final/$split"; done
     local codes=${BPE_CODES:-$WORK/bpe/codes}
-    local tmp="$DEST.tmp"
+    local tmp="$DEST.tmp" preprocess
+    preprocess=$(bin_of fairseq-preprocess) || exit 1
     rm -rf "$tmp"
     mkdir -p "$(dirname "$DEST")"
-    "$(bin_of fairseq-preprocess)" --source-lang $SRC --target-lang $TGT \
+    "$preprocess" --source-lang $SRC --target-lang $TGT \
         --trainpref "$WORK/final/train" --validpref "$WORK/final/valid" \
         --testpref "$WORK/final/test" --destdir "$tmp" --joined-dictionary \
         --workers "${WORKERS:-1}" >"$WORK/preprocess.log" 2>&1 ||
@@ -213,9 +214,10 @@ inputs_binarize() {
 
 # stage_average OUT CHECKPOINT...: average the given checkpoints into OUT
 stage_average() {
-    local out=$1
+    local out=$1 average
     shift
-    "$(bin_of realformer-average-checkpoints)" --inputs "$@" --output "$out" || exit 1
+    average=$(bin_of realformer-average-checkpoints) || exit 1
+    "$average" --inputs "$@" --output "$out" || exit 1
 }
 
 # stage_generate: fairseq-generate of $SUBSET with $CHECKPOINT into $OUT_DIR/generate.$SUBSET.txt.
@@ -226,8 +228,9 @@ stage_generate() {
     [[ -f "$CHECKPOINT" ]] || die "$CHECKPOINT: missing checkpoint file"
     [[ -f "$DATA_BIN/dict.$SRC.txt" ]] || die "$DATA_BIN/dict.$SRC.txt: missing (run prepare.sh, or fix --data-bin)"
     mkdir -p "$OUT_DIR"
-    local out="$OUT_DIR/generate.$SUBSET.txt"
-    "$(bin_of fairseq-generate)" "$DATA_BIN" --user-dir "$USER_DIR" --task translation \
+    local out="$OUT_DIR/generate.$SUBSET.txt" generate
+    generate=$(bin_of fairseq-generate) || exit 1
+    "$generate" "$DATA_BIN" --user-dir "$USER_DIR" --task translation \
         --source-lang $SRC --target-lang $TGT --path "$CHECKPOINT" --gen-subset "$SUBSET" \
         --beam "$BEAM" --lenpen "$LENPEN" --remove-bpe "$REMOVE_BPE" \
         --required-batch-size-multiple 1 "${GEN_ARGS[@]}" \

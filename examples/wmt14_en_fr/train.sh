@@ -155,15 +155,17 @@ TRAIN_ARGS=(
 # averages the last ones
 [[ -n "$MAX_UPDATE" ]] && TRAIN_ARGS+=(--max-update "$MAX_UPDATE")
 [[ $CPU == 1 ]] && TRAIN_ARGS+=(--cpu)
+FAIRSEQ_TRAIN=$(bin_of fairseq-train) || exit 1
 if [[ $NNODES -gt 1 || "$LAUNCHER" == torchrun ]]; then
     TRAIN_ARGS+=(--distributed-world-size "$WORLD")
-    TRAIN_CMD=("$(bin_of torchrun)" --nnodes "$NNODES" --nproc-per-node "$GPUS"
+    TORCHRUN=$(bin_of torchrun) || exit 1
+    TRAIN_CMD=("$TORCHRUN" --nnodes "$NNODES" --nproc-per-node "$GPUS"
         --node-rank "$NODE_RANK" --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT"
-        "$(bin_of fairseq-train)" "${TRAIN_ARGS[@]}" "${EXTRA[@]}")
+        "$FAIRSEQ_TRAIN" "${TRAIN_ARGS[@]}" "${EXTRA[@]}")
 else
     # fairseq-train starts one process per visible GPU by itself
     [[ $CPU == 1 ]] || TRAIN_ARGS+=(--distributed-world-size "$GPUS")
-    TRAIN_CMD=("$(bin_of fairseq-train)" "${TRAIN_ARGS[@]}" "${EXTRA[@]}")
+    TRAIN_CMD=("$FAIRSEQ_TRAIN" "${TRAIN_ARGS[@]}" "${EXTRA[@]}")
 fi
 
 if [[ $DRY_RUN == 1 ]]; then

@@ -42,6 +42,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from realformer_pipelines.startup import mark_console_command
+
 from ..atomic_files import atomic_output, write_json_atomic
 from ..errors import RealformerConfigError, exit_with_one_line
 from . import attention_plots
@@ -523,6 +525,7 @@ def main(args) -> dict:
 
 
 def cli_main(argv: Optional[Sequence[str]] = None):
+    mark_console_command()  # this process is the command (realformer_pipelines.startup)
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
         datefmt="%Y-%m-%d %H:%M:%S",

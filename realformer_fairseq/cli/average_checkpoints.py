@@ -32,6 +32,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from realformer_pipelines.startup import mark_console_command
+
 from ..atomic_files import atomic_output
 from ..errors import RealformerConfigError, exit_with_one_line
 
@@ -284,6 +286,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def cli_main():
+    mark_console_command()  # this process is the command (realformer_pipelines.startup)
     # fairseq-style log lines (force: importing fairseq may have configured logging already)
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",

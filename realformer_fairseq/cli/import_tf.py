@@ -60,6 +60,9 @@ def get_parser() -> argparse.ArgumentParser:
 
 
 def cli_main(argv: Optional[Sequence[str]] = None):
+    from realformer_pipelines.startup import mark_console_command
+
+    mark_console_command()  # this process is the command (realformer_pipelines.startup)
     args = get_parser().parse_args(argv)
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",

@@ -15,8 +15,9 @@ with one line.
 ``null_odds.json`` (:mod:`realformer_fairseq.squad.decoding`); with ``--score``, their official
 scores against the subset's SQuAD file (``scores.json``, and one line each on stdout), with
 ``--tune-threshold`` (v2.0) the answers again at the official ``best_f1_thresh``, as BERT's
-README tunes ``--null_score_diff_threshold``. ``realformer-squad-eval`` scores any prediction
-file.
+README tunes ``--null_score_diff_threshold``. ``--tune-threshold`` without ``--score`` is
+refused; it and ``--null-score-diff-threshold`` on SQuAD v1.1 (no null answer) are warned
+about and ignored. ``realformer-squad-eval`` scores any prediction file.
 
 A subword-nmt model is refused: SQuAD answers are character spans of the raw context, and the
 project's subword-nmt models read Moses-tokenised text (escapes, ``@-@``, normalised quotes and
@@ -30,6 +31,8 @@ import os
 import shutil
 import sys
 from typing import Optional, Sequence
+
+from realformer_pipelines.startup import mark_console_command
 
 from ..errors import exit_with_one_line
 
@@ -77,7 +80,7 @@ def get_parser() -> argparse.ArgumentParser:
                    help="score the answers (the official rules) against the subset's SQuAD file: "
                    "OUT_DIR/scores.json")  # fmt: skip
     p.add_argument("--tune-threshold", action="store_true",
-                   help="v2.0, with --score: also answer with the threshold of the official "
+                   help="v2.0, needs --score: also answer with the threshold of the official "
                    "best_f1_thresh (BERT's README) into OUT_DIR/best_f1_thresh/")  # fmt: skip
     return parser
 
@@ -177,17 +180,25 @@ def cmd_features(args):
 def cmd_predict(args):
     import json
 
+    from ..errors import RealformerConfigError
+    from ..squad.data_bin import read_settings
     from ..squad.predict import predict_subset
 
+    if args.tune_threshold and not args.score:
+        raise RealformerConfigError(
+            "--tune-threshold needs --score (the threshold is the official best_f1_thresh of "
+            "the scores)"
+        )
+    if read_settings(args.data_bin)["squad_version"] != "2.0":  # the task's version (checked)
+        ignored = {"--tune-threshold": args.tune_threshold,
+                   "--null-score-diff-threshold": args.null_score_diff_threshold is not None}  # fmt: skip
+        for flag in (f for f, given in ignored.items() if given):
+            print(f"{PROG}: warning: {flag}: SQuAD v1.1 has no null threshold", file=sys.stderr)
     results = predict_subset(args.checkpoint, args.data_bin, args.subset, args.out_dir,
                              batch_size=args.batch_size, cpu=args.cpu,
                              n_best_size=args.n_best_size, max_answer_length=args.max_answer_length,
                              null_score_diff_threshold=args.null_score_diff_threshold,
                              score=args.score, tune_threshold=args.tune_threshold)  # fmt: skip
-    if args.tune_threshold and results["squad_version"] != "2.0":
-        print(
-            f"{PROG}: warning: --tune-threshold: SQuAD v1.1 has no null threshold", file=sys.stderr
-        )
     for run in results.get("runs", []):
         how = f" ({run['chosen_by'].split(' of ')[0]})" if "chosen_by" in run else ""
         print(
@@ -215,6 +226,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def cli_main(argv: Optional[Sequence[str]] = None):
+    mark_console_command()  # this process is the command (realformer_pipelines.startup)
     sys.exit(main(argv))
 
 

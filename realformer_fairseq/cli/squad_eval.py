@@ -16,6 +16,8 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from realformer_pipelines.startup import mark_console_command
+
 from ..errors import exit_with_one_line
 
 PROG = "realformer-squad-eval"
@@ -69,6 +71,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def cli_main(argv: Optional[Sequence[str]] = None):
+    mark_console_command()  # this process is the command (realformer_pipelines.startup)
     sys.exit(main(argv))
 
 

@@ -161,21 +161,12 @@ def load_model(path: str, masked: MaskedSet):
     """The model of the fairseq checkpoint ``path`` (any ``realformer_roberta`` / ``roberta``
     masked LM) in eval mode, and its update count; one-line errors for a checkpoint that does not
     fit the data-bin's dictionary."""
-    from fairseq import checkpoint_utils, tasks
+    from fairseq import tasks
 
-    import realformer_fairseq  # noqa: F401  (registers the plugin's models)
+    from ..checkpoint_compat import read_checkpoint  # the one reader: one line, or a traceback
 
-    if not os.path.isfile(path):
-        raise EvalError(f"{path}: no such checkpoint")
-    try:
-        state = checkpoint_utils.load_checkpoint_to_cpu(path, {"data": masked.data_bin})
-    except (OSError, RuntimeError, EOFError, ValueError) as err:
-        raise EvalError(
-            f"{path}: cannot read the checkpoint ({str(err).splitlines()[0]})"
-        ) from None
-    cfg = state.get("cfg")
-    if cfg is None or cfg.get("model") is None:
-        raise EvalError(f"{path}: no model config in the checkpoint (not a fairseq checkpoint)")
+    state = read_checkpoint(path, {"data": masked.data_bin})
+    cfg = state["cfg"]
     if cfg.task.get("_name") != "masked_lm":
         raise EvalError(f"{path}: a {cfg.task.get('_name')} checkpoint, not a masked_lm one")
     task = tasks.setup_task(cfg.task)

@@ -142,24 +142,21 @@ def read_subset(data_bin: str, subset: str) -> SquadSet:
 
 def binarized_sizes(prefix: str) -> np.ndarray:
     """The sequence lengths of a fairseq mmap dataset ``prefix.idx`` whose ``prefix.bin`` holds
-    every byte the index points to (fairseq 0.12.3 reads a truncated file lazily and fails in
-    the middle of training)."""
-    import struct
-
+    every byte the index points to (the pipelines' check,
+    :func:`realformer_pipelines.checks.check_binarized`: fairseq 0.12.3 reads a truncated file
+    lazily and fails in the middle of training)."""
     from fairseq.data.indexed_dataset import MMapIndexedDataset
 
+    from realformer_pipelines.checks import check_binarized
+    from realformer_pipelines.errors import InputError
+
     try:
-        index = MMapIndexedDataset.Index(prefix + ".idx")
-    except (AssertionError, ValueError, KeyError, struct.error) as err:
-        raise SquadDataError(
-            f"{prefix}.idx: not a fairseq index file or truncated ({err})"
-        ) from None
+        check_binarized(prefix + ".idx")
+    except InputError as err:  # a SquadDataError: one line under fairseq's commands too
+        raise SquadDataError(str(err)) from None
+    index = MMapIndexedDataset.Index(prefix + ".idx")
     sizes = np.array(index.sizes, dtype=np.int64)  # a copy: the index's arrays are its mmap's
-    need = int(index._pointers[-1]) + int(sizes[-1]) * index._dtype_size if len(sizes) else 0
     del index
-    have = os.path.getsize(prefix + ".bin")
-    if have < need:
-        raise SquadDataError(f"{prefix}.bin: truncated ({have} bytes, its index needs {need})")
     return sizes
 
 

@@ -24,7 +24,7 @@ on ``best_non_null_entry.start_logit``) is answered ``""`` with null odds
 
 import collections
 import math
-from typing import Dict, List, Mapping, Sequence, Tuple
+from typing import List, Mapping, Sequence, Tuple
 
 from .features import SquadSet, is_max_context
 
@@ -71,9 +71,7 @@ def decode(
     predictions = collections.OrderedDict()
     all_nbest = collections.OrderedDict()
     null_odds = collections.OrderedDict()
-    windows: Dict[int, List[int]] = {}
-    for i, feature in enumerate(squad_set.features):
-        windows.setdefault(feature.example_index, []).append(i)
+    windows = squad_set.windows_of()
     for example_index, example in enumerate(squad_set.examples):
         context = squad_set.contexts[example.context_index]
         feature_ids = windows.get(example_index, [])

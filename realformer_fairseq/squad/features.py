@@ -9,7 +9,9 @@ SQuAD with "the standard BERT fine-tuning procedure": google-research/bert ``run
   ``qas``); for training, a question must have exactly one answer unless it is impossible
   (v2.0, ``is_impossible``), and an answer whose text is not found, white space normalised, in
   the words its ``answer_start`` points to is skipped (BERT logs "Could not find answer"; the
-  skipped ids are counted and kept);
+  skipped ids are counted and kept), and so is one that covers no WordPiece of its context
+  (only characters the tokenizer drops, such as a zero-width space): an answerable question is
+  never trained as "no answer" (:func:`skip_answers_without_pieces`);
 * ``convert_examples_to_features``: ``[CLS] question [SEP] context [SEP]`` (fairseq's
   ``<s> q </s> c </s>``; token types 0 up to the first ``</s>``, 1 after, which
   ``segment_ids_from_separator`` derives), the question cut to ``max_query_length`` pieces,
@@ -162,10 +164,12 @@ class SquadSet:
     version_2_with_negative: bool
     is_training: bool
 
-    def windows_of(self) -> Dict[int, List[Feature]]:
-        by_example: Dict[int, List[Feature]] = {}
-        for feature in self.features:
-            by_example.setdefault(feature.example_index, []).append(feature)
+    def windows_of(self) -> Dict[int, List[int]]:
+        """Each example's windows: the indices of its features, in order (an example without
+        windows is absent)."""
+        by_example: Dict[int, List[int]] = {}
+        for i, feature in enumerate(self.features):
+            by_example.setdefault(feature.example_index, []).append(i)
         return by_example
 
 
@@ -370,8 +374,14 @@ def convert_examples_to_features(
         query = list(question[: settings.max_query_length])
         context = contexts[example.context_index]
         answer = None
-        if is_training and not example.is_impossible and example.answer_span is not None:
-            answer = char_span_to_pieces(context.offsets, *example.answer_span)
+        if is_training and not example.is_impossible:
+            span = example.answer_span
+            answer = char_span_to_pieces(context.offsets, *span) if span else None
+            if answer is None:  # an answerable question is never labelled "no answer"
+                raise ValueError(
+                    f"question {example.qas_id}: its answer covers no piece of its context "
+                    "(build_squad_set skips such questions)"
+                )
         max_tokens_for_doc = settings.max_seq_length - len(query) - settings.special_tokens
         for span_index, (start, length) in enumerate(
             doc_spans(len(context.pieces), max_tokens_for_doc, settings.doc_stride)
@@ -388,6 +398,28 @@ def convert_examples_to_features(
     return features, tokens
 
 
+def skip_answers_without_pieces(
+    contexts: Sequence[Context], examples: Sequence[Example]
+) -> Tuple[List[Example], List[Dict[str, str]]]:
+    """The examples without the training answers that overlap no piece of their context (only
+    characters the tokenizer drops: a zero-width space, a control character), and those
+    skipped (``{"id", "reason"}``). Such an answer cannot be recovered from the tokens, which
+    is run_squad.py's rule for skipping a question ("Could not find answer"); labelled, it
+    would be trained as "no answer" ([CLS]). (run_squad.py itself, whose words are split on
+    white space only, labels the word that holds such characters, or, for a word of them
+    alone, a span that ends before it starts.)"""
+    kept: List[Example] = []
+    skipped: List[Dict[str, str]] = []
+    for example in examples:
+        span, offsets = example.answer_span, contexts[example.context_index].offsets
+        if span is not None and char_span_to_pieces(offsets, *span) is None:
+            skipped.append({"id": example.qas_id, "reason": f"answer {example.answer_text!r} "
+                            f"(characters {span[0]}-{span[1]}) covers no piece of its context"})  # fmt: skip
+            continue
+        kept.append(example)
+    return kept, skipped
+
+
 def build_squad_set(
     path: str,
     tokenizer,
@@ -400,19 +432,22 @@ def build_squad_set(
     :class:`~realformer_fairseq.tf_import.wordpiece.BertTextTokenizer`)."""
     texts, examples, skipped = read_squad_examples(path, version_2_with_negative, is_training, data)
     contexts = [tokenize_context(text, tokenizer) for text in texts]
+    examples, without_pieces = skip_answers_without_pieces(contexts, examples)
     questions = [tokenizer.pieces(example.question) for example in examples]
     features, tokens = convert_examples_to_features(
         contexts, examples, questions, settings, is_training
     )
-    if skipped:
-        logger.warning(
-            "%s: %d training question(s) skipped, their answer not found in the words it points "
-            "to (run_squad.py does the same): %s%s",
-            path,
-            len(skipped),
-            ", ".join(s["id"] for s in skipped[:5]),
-            " ..." if len(skipped) > 5 else "",
-        )
+    for these, why in (
+        (skipped, "their answer not found in the words it points to (run_squad.py does the same)"),
+        (without_pieces, "their answer covers no WordPiece of the context, only characters the "
+         "tokenizer drops (a zero-width space ...): it cannot be recovered from the tokens"),
+    ):  # fmt: skip
+        if these:
+            logger.warning(
+                "%s: %d training question(s) skipped, %s: %s%s", path, len(these), why,
+                ", ".join(s["id"] for s in these[:5]), " ..." if len(these) > 5 else "",
+            )  # fmt: skip
+    skipped = skipped + without_pieces
     return SquadSet(contexts, examples, features, tokens, skipped, version_2_with_negative,
                     is_training)  # fmt: skip
 
