@@ -133,12 +133,14 @@ def test_beam_search_with_keys_shared_by_the_beams_equals_the_eager_route():
             torch.testing.assert_close(b["positional_scores"], a["positional_scores"])
 
 
-def test_lm_causal_chain_with_padding_equals_the_eager_route():
+def lm_causal_chain_pair(impl):
+    """The LM's causal chain with right padding, float64, on the eager route and on ``impl``
+    with the same weights, after one forward and backward: ``(outputs, models)``."""
     from test_lm import build_lm, lm_task
 
     task = lm_task()
     models = []
-    for route in ("eager", "concat"):
+    for route in ("eager", impl):
         model, _ = build_lm("realformer_lm_tiny", task=task, decoder_layers=3,
                             residual_attention_impl=route, init_type="default", **NO_DROPOUT)  # fmt: skip
         models.append(model.double().train())
@@ -152,6 +154,11 @@ def test_lm_causal_chain_with_padding_equals_the_eager_route():
         out = model(tokens)[0]
         out.square().sum().backward()
         outs.append(out)
+    return outs, models
+
+
+def test_lm_causal_chain_with_padding_equals_the_eager_route():
+    outs, models = lm_causal_chain_pair("concat")
     torch.testing.assert_close(outs[1], outs[0], **EXACT)
     assert_grads_equal(*models)
     assert {m.last_kernel for m in concat_modules(models[1]).values()} == {FUSED}

@@ -37,7 +37,7 @@ from harness import (
     translation_train_args,
     write_lines,
 )
-from test_concat_route import assert_grads_equal
+from test_concat_route import assert_grads_equal, lm_causal_chain_pair
 
 from realformer_fairseq import settings
 from realformer_fairseq.errors import RealformerConfigError
@@ -171,24 +171,7 @@ def test_training_forward_and_gradients_equal_the_eager_route_on_all_three_chain
 
 
 def test_lm_causal_chain_with_padding_equals_the_eager_route(kernel):
-    from test_lm import build_lm, lm_task
-
-    task = lm_task()
-    models = []
-    for route in ("eager", "triton"):
-        model, _ = build_lm("realformer_lm_tiny", task=task, decoder_layers=3,
-                            residual_attention_impl=route, init_type="default", **NO_DROPOUT)  # fmt: skip
-        models.append(model.double().train())
-    models[1].load_state_dict(models[0].state_dict())
-    d = task.source_dictionary
-    g = torch.Generator().manual_seed(3)
-    tokens = torch.randint(d.nspecial, len(d), (3, 9), generator=g)
-    tokens[1, 6:] = d.pad()  # right padding: the decoder's self-attention padding mask
-    outs = []
-    for model in models:
-        out = model(tokens)[0]
-        out.square().sum().backward()
-        outs.append(out)
+    outs, models = lm_causal_chain_pair("triton")
     torch.testing.assert_close(outs[1], outs[0], **kernel.tolerance)
     assert_grads_equal(*models)
     assert {m.last_kernel for m in triton_modules(models[1]).values()} == {FUSED}
