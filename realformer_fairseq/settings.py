@@ -38,6 +38,11 @@ RESIDUAL_ATTENTION_MODES = ("sum", "mean")
 RESIDUAL_ATTENTION_IMPLS = ("eager", "concat", "triton", "auto")
 # what --residual-attention-impl triton needs and how to get it (one line)
 TRITON_INSTALL = "pip install -e '.[triton]' in the clone (CUDA builds of torch ship triton)"
+TRITON_MISSING = (
+    "--residual-attention-impl triton needs the triton package, which is not installed in this "
+    f"Python: {TRITON_INSTALL}; a checkpoint trained with it runs the same arithmetic on the "
+    "eager route with --model-overrides \"{'residual_attention_impl': 'eager'}\""
+)
 INIT_TYPES = ("default", "admin", "admin-closed-form")
 ADMIN_INIT_TYPES = ("admin", "admin-closed-form")
 
@@ -299,10 +304,7 @@ def read_realformer_settings(
             f"(--residual-attention is '{requested}' for this architecture)"
         )
     if impl == "triton" and not triton_installed():
-        raise RealformerConfigError(
-            f"--residual-attention-impl triton needs the triton package, which is not installed "
-            f"in this Python: {TRITON_INSTALL}"
-        )
+        raise RealformerConfigError(TRITON_MISSING)
 
     init_type = values["init_type"]
     if init_type not in INIT_TYPES:

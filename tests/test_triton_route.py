@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from harness import (
     NO_DROPOUT,
+    USER_DIR,
     beam_decode_with_reordering,
     build_translation_model,
     fairseq_command,
@@ -59,7 +60,9 @@ EXACT = dict(rtol=1e-12, atol=1e-13)  # float64, the stand-in: the eager formula
 CLOSE = dict(rtol=1e-9, atol=1e-10)  # float64, the kernel: blocked online softmax
 MISSING_LINE = (
     "--residual-attention-impl triton needs the triton package, which is not installed in this "
-    "Python: pip install -e '.[triton]' in the clone (CUDA builds of torch ship triton)"
+    "Python: pip install -e '.[triton]' in the clone (CUDA builds of torch ship triton); a "
+    "checkpoint trained with it runs the same arithmetic on the eager route with "
+    "--model-overrides \"{'residual_attention_impl': 'eager'}\""
 )
 
 
@@ -432,6 +435,39 @@ def test_fairseq_train_without_triton_stops_with_one_line(tiny_bin, tmp_path):
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
     assert errors == [f"realformer_fairseq: error: {MISSING_LINE}"]
+
+
+def test_a_triton_checkpoint_without_triton_names_the_override_that_runs_it(tiny_bin, tmp_path):
+    """A model trained on a GPU with the triton route, decoded where triton is missing: one line
+    that names the override, and with it the same translations as the eager route's model."""
+    save = tmp_path / "ck"
+    run([fairseq_command("fairseq-train"), *translation_train_args(tiny_bin, save, max_update=1)])
+    eager_ckpt = save / "checkpoint_last.pt"
+    state = torch.load(eager_ckpt, map_location="cpu", weights_only=False)
+    assert state["cfg"]["model"].residual_attention_impl == "auto"  # eager on a CPU build
+    state["cfg"]["model"].residual_attention_impl = "triton"  # as the GPU run saved it
+    triton_ckpt = tmp_path / "triton.pt"
+    torch.save(state, triton_ckpt)
+    blocked = (
+        "import sys; sys.modules['triton'] = None; sys.argv[0] = 'fairseq-generate'; "
+        "from fairseq_cli.generate import cli_main; cli_main()"
+    )
+    decode = [tiny_bin, "--user-dir", USER_DIR, "--gen-subset", "valid", "--beam", "2",
+              "--batch-size", "8", "--required-batch-size-multiple", "1", "--cpu",
+              "--num-workers", "0"]  # fmt: skip
+    plain = [sys.executable, "-c", blocked, *map(str, decode)]
+    proc = subprocess.run([*plain, "--path", str(triton_ckpt)], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert [line for line in proc.stderr.splitlines() if ": error: " in line] == [
+        f"realformer_fairseq: error: {MISSING_LINE}"
+    ]
+    override = ["--model-overrides", "{'residual_attention_impl': 'eager'}"]
+    by_override = run([*plain, "--path", str(triton_ckpt), *override])
+    by_eager = run([*plain, "--path", str(eager_ckpt)])
+    hypotheses = [line for line in by_eager.splitlines() if line.startswith("H-")]
+    assert len(hypotheses) == 8
+    assert [line for line in by_override.splitlines() if line.startswith("H-")] == hypotheses
 
 
 # ---------------------------------------------------------------- build check and auto

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ..errors import RealformerConfigError
-from ..settings import TRITON_INSTALL, triton_installed
+from ..settings import TRITON_INSTALL, TRITON_MISSING, triton_installed
 from .residual_attention import RealformerMultiheadAttention
 from .route_rules import TritonRule
 
@@ -52,10 +52,7 @@ def kernel_module():
     """:mod:`realformer_fairseq.modules.triton_attention` (which imports triton), imported
     here on first use; a missing or broken triton is one :class:`RealformerConfigError` line."""
     if not triton_installed():
-        raise RealformerConfigError(
-            "--residual-attention-impl triton needs the triton package, which is not installed "
-            f"in this Python: {TRITON_INSTALL}"
-        )
+        raise RealformerConfigError(TRITON_MISSING)
     try:
         from . import triton_attention
     except ImportError as err:
