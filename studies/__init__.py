@@ -10,6 +10,7 @@ as ``python -m studies.NAME`` (each module's docstring has its usage):
 ``saved_tensors``            what autograd keeps per layer: RealFormer vs fairseq's paths
 ``gpu_check``                fp16/bf16 training, speed and generation on one GPU
 ``convergence``              Post-LN / Pre-LN / ADMIN / RealFormer+ADMIN on Multi30k En-Fr
+``nmt_depth``                ADMIN / RealFormer+ADMIN / Post-LN at 18L-6L on Tatoeba En-Fr
 ``lm_comparison``            the same four as language models on Multi30k English
 ``paper_checks``             the paper's masked-LM, stability and attention claims
 ===========================  ==============================================================

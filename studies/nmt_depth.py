@@ -387,8 +387,15 @@ def verdict(pair: Dict, results: List[Dict]) -> str:
             if n >= 2
             else f"one seed only ({mean:+.2f} BLEU): no spread to judge it by"
         )
+    losses = pair["valid_loss"]
+    side = ""
+    if n >= 2 and (losses["min"] > 0 or losses["max"] < 0):
+        side = (
+            f", {'higher' if losses['min'] > 0 else 'lower'} for RealFormer+ADMIN on every seed "
+            f"({losses['min']:+.4f} to {losses['max']:+.4f})"
+        )
     return (
-        f"At this depth and budget, {claim}; valid loss difference {loss:+.4f} "
+        f"At this depth and budget, {claim}; final valid loss difference {loss:+.4f}{side} "
         f"(negative favours RealFormer+ADMIN).{div}"
     )
 
@@ -566,7 +573,11 @@ def main(argv=None):
         "paired": pair,
         "updates_to_reach_admin_final_valid_loss": reach_admin(results),
         "verdict": text,
+        # this invocation (a resumed study reuses finished runs) and the runs' own time
         "wall_seconds": round(time.time() - t0, 1),
+        "runs_train_and_eval_seconds": round(
+            sum(r["wall_s"] + r.get("eval_wall_s", 0.0) for r in results), 1
+        ),
     }
     runs.write_json(args.out / f"{name}.json", out)
     runs.write_text_atomic(args.out / f"{name}.md", md + "\n\n" + text + "\n")

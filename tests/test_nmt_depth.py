@@ -112,6 +112,7 @@ def test_paired_difference_per_seed_and_its_spread():
     text = nmt_depth.verdict(pair, results)
     assert "cannot tell" in text and "-0.50 to +1.00" in text
     assert "Diverged runs: Post-LN (fairseq)." in text
+    assert "final valid loss difference -0.0333 (negative" in text  # the sign changes: no "every"
 
 
 def test_verdict_says_every_seed_when_the_sign_holds():
@@ -120,6 +121,7 @@ def test_verdict_says_every_seed_when_the_sign_holds():
     text = nmt_depth.verdict(nmt_depth.paired(results, "RealFormer+ADMIN", "ADMIN"), results)
     assert text.startswith("At this depth and budget, RealFormer+ADMIN beat ADMIN on every seed")
     assert "No run diverged." in text
+    assert "-0.1000, lower for RealFormer+ADMIN on every seed (-0.1000 to -0.1000)" in text
 
 
 def test_a_diverged_seed_is_left_out_of_the_pairs():
@@ -146,3 +148,16 @@ def test_divergence_and_updates_to_reach():
         "ADMIN": [{"seed": 1, "updates": 100}],
         "RealFormer+ADMIN": [{"seed": 1, "updates": 100}],
     }
+
+
+def test_train_losses_are_read_from_fairseqs_train_inner_lines():
+    """fairseq 0.12's --log-format json lines, as fairseq-train wrote them in the study."""
+    log = (
+        '2026-12-06 20:11:59 | INFO | train_inner | {"epoch": 1, "update": 0.097, "loss": '
+        '"10.704", "nll_loss": "10.367", "ppl": "1320.63", "num_updates": "60"}\n'
+        '2026-12-06 20:13:59 | INFO | train_inner | {"epoch": 1, "update": 0.1, "loss": "nan", '
+        '"nll_loss": "nan", "num_updates": "70"}\n'
+    )
+    losses = nmt_depth.train_losses(log)
+    assert losses[0] == 10.704 and math.isnan(losses[1])
+    assert nmt_depth.log_seconds(log) == 120.0
