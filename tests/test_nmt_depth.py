@@ -78,8 +78,8 @@ def test_smoke_tests_on_held_out_pairs(smoke):
         en, fr = lines(split / f"{part}.en"), lines(split / f"{part}.fr")
         assert len(en) == len(fr) == 20
         assert not train_en & set(en) and not train_fr & set(fr)
-    tatoeba = shared_data("tatoeba", "fra-eng.no-tatoeba-test")
-    pairs = set(zip(lines(Path(f"{tatoeba}.en")), lines(Path(f"{tatoeba}.fr"))))
+    tatoeba = [shared_data("tatoeba", f"fra-eng.no-tatoeba-test.{lang}") for lang in ("en", "fr")]
+    pairs = set(zip(lines(tatoeba[0]), lines(tatoeba[1])))
     test_pairs = list(zip(lines(split / "test.en"), lines(split / "test.fr")))
     assert all(p in pairs for p in test_pairs)
     # the data-bin's raw test side is these pairs' French side
