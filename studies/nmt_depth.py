@@ -497,6 +497,7 @@ def parse_args(argv=None):
     p.add_argument("--gen-batch", type=int, default=128)
     p.add_argument("--attn-lines", type=int, default=200)
     p.add_argument("--jobs", type=int, default=2, help="runs in parallel, 1 thread each")
+    p.add_argument("--force", action="store_true", help="rerun runs that have a result.json")
     args = p.parse_args(argv)
     if args.smoke:
         args.encoder_layers = args.decoder_layers = 2
@@ -508,25 +509,6 @@ def parse_args(argv=None):
     args.variants = args.variants or list(DEFAULT_VARIANTS)
     args.out = args.out or (args.work_dir if args.smoke else runs.REPO_ROOT / "docs" / "benchmarks")
     return args
-
-
-def run_all(data_bin: Path, args) -> List[Dict]:
-    """Seed-major (whole pairs first), resumable by each run's result.json."""
-
-    def one(label: str, seed: int) -> Dict:
-        run_dir = args.work_dir / "runs" / f"{SLUG[label]}_seed{seed}"
-        result = runs.finished(run_dir / "result.json")
-        if result is None:
-            result = runs.store(run_dir, run_one(label, seed, data_bin, run_dir, args))
-        return result
-
-    jobs = [(label, seed) for seed in args.seeds for label in args.variants]
-    if args.jobs <= 1:
-        return [one(*job) for job in jobs]
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        return list(pool.map(lambda job: one(*job), jobs))
 
 
 def main(argv=None):
@@ -545,11 +527,11 @@ def main(argv=None):
     logger.info("work dir %s, %d runs", args.work_dir, len(args.variants) * len(args.seeds))
     data_bin = prepare_data(args)
     logger.info("data ready in %.0f s: %s", time.time() - t0, data_bin)
-    results = run_all(data_bin, args)
+    results = runs.run_seeds(run_one, data_bin, args, SLUG)  # seed-major, resumable
     pair = paired(results, "RealFormer+ADMIN", "ADMIN")
     text = verdict(pair, results)
     md = table(results, args.variants, args)
-    config = runs.config(args, drop=("smoke",))
+    config = runs.config(args, drop=("smoke", "force"))
     config["train_command_example"] = runs.command_line(
         train_command(data_bin, Path("SAVE_DIR"), "RealFormer+ADMIN", 1, args)
     )
