@@ -476,6 +476,33 @@ def test_download_stage_resumes_and_verifies(tmp_path, mirror):
     assert dev.read_bytes() == data and not (orig / "dev.tgz.part").exists()
 
 
+def test_a_download_read_through_a_pipe_ends_when_curl_does(tmp_path):
+    """download_file's progress watcher (a line every REALFORMER_PROGRESS_SECONDS, default 30)
+    leaves nothing behind that holds the log: before, its `sleep 30` outlived it and kept a
+    piped stderr open for up to 30 s after every download (`prepare.sh 2>&1 | tee log`; each
+    download test here waited 30 s per prepare.sh run)."""
+    import time
+
+    archive = tmp_path / "a.gz"
+    archive.write_bytes(__import__("gzip").compress(b"one line\n"))
+    script = (
+        f"set -euo pipefail; source {shlex.quote(str(REPO_ROOT / 'examples/common/pipeline.sh'))};"
+        f" download_file file://{archive} {tmp_path / 'out' / 'a.gz'}"
+    )
+    (tmp_path / "out").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "REALFORMER_PROGRESS_SECONDS"}
+    started = time.monotonic()
+    proc = subprocess.run(["bash", "-c", script], stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, env=env, timeout=120)  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        "downloaded " in proc.stderr
+        and (tmp_path / "out" / "a.gz").read_bytes() == archive.read_bytes()
+    )
+    assert elapsed < 15, f"the pipe stayed open {elapsed:.0f} s after the download"
+
+
 def test_download_rejects_corrupt_archive_and_bad_checksum(tmp_path, mirror):
     dev = mirror / "wmt14" / "dev.tgz"
     good = dev.read_bytes()

@@ -198,11 +198,17 @@ verify_archive() {
 }
 
 # log_download_progress FILE: a log line with FILE's size every $REALFORMER_PROGRESS_SECONDS
-# seconds (default 30; at least 1), until killed (download_file runs it in the background)
+# seconds (default 30; at least 1), until killed (download_file runs it in the background). Its
+# sleep holds none of the log's descriptors and dies with it: a sleep left behind would keep a
+# piped log (`prepare.sh 2>&1 | tee log`, a caller reading the pipe) open for up to 30 s more
 log_download_progress() {
-    local every=${REALFORMER_PROGRESS_SECONDS:-30}
+    local every=${REALFORMER_PROGRESS_SECONDS:-30} sleeper=""
     [[ "$every" =~ ^[0-9]+$ ]] && ((every >= 1)) || every=1
-    while sleep "$every"; do
+    trap '[[ -z "$sleeper" ]] || kill "$sleeper" 2>/dev/null; exit 0' TERM
+    while true; do
+        sleep "$every" </dev/null >/dev/null 2>&1 &
+        sleeper=$!
+        wait "$sleeper" || return 0
         log "downloading $(basename "$1"): $(stat -c %s "$1" 2>/dev/null || echo 0) bytes so far"
     done
 }
