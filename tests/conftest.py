@@ -8,8 +8,8 @@ Parallel safety, in one place:
   ``MKL_NUM_THREADS=1`` unless the caller set them: two workers on two cores, not four threads
   fighting over two cores;
 * each worker starts a fork server (tests/fork_server.py): the commands that import fairseq
-  start from a process that has torch, scikit-learn and scipy imported, about half of their CPU
-  before they read an argument (``REALFORMER_TEST_FORK_SERVER=0``: every command fresh);
+  start from a process that has torch, scikit-learn, scipy and fairseq imported, most of their
+  CPU before they read an argument (``REALFORMER_TEST_FORK_SERVER=0``: every command fresh);
 * tests that share a fixture wider than one test (module, class or session scope: a trained
   model, a data-bin, the README's quick-start folder) run on one worker, in file order: this
   file gives each of them an ``xdist_group`` named after the fixtures they share (a test may also

@@ -1,19 +1,26 @@
 """A fork server for the suite's commands that import fairseq: they start in a process forked
-from one that has already imported the third-party libraries every such command imports first
-(torch, scikit-learn's metrics, scipy.stats). Measured 2026-12-06 on this 2-core machine: 3.9 s
-of CPU for ``fairseq-preprocess --help`` as a process of its own, 2.0 s forked; the default suite
-forks ~140 commands (fairseq-train, -preprocess, -generate, ..., the plugin's console scripts,
-the pipelines' helpers that read checkpoints) and took 14.5 instead of 19.2 minutes of CPU.
+from one that has already imported fairseq and the third-party libraries every such command
+imports first (torch, scikit-learn's metrics, scipy.stats). Measured 2026-12-07 on this 2-core
+machine, idle: ``fairseq-preprocess --help`` takes 4.6 s as a process of its own and 1.3 s forked
+(2.0 s forked before fairseq itself was preloaded). The default suite's forked commands
+(fairseq-train, -preprocess, -generate, ..., the plugin's console scripts, the pipelines' helpers
+that read checkpoints) took 670 s of CPU with torch, scikit-learn and scipy preloaded.
 
-Nothing of fairseq or the plugin is imported before the fork: the command imports them itself,
-from its own ``sys.path``, in its own working directory, environment and umask, with its own
-argv, file descriptors (stdin, stdout, stderr and any other it inherited) and signal
-dispositions, and exits through Python's own exit path (``atexit``, thread shutdown, interpreter
-finalization), so the exit status, the output and the files are those of the command typed
-(tests/test_fork_server.py compares them with the same command run fresh). What differs from an
-``exec``: the process's parent (the server; the command's process group is its own), and the
-hash seed and the libraries' load time, which it shares with the server. So a test that runs a
-command twice and compares the two runs for determinism must run them fresh
+Nothing of the plugin is imported before the fork, and of fairseq only what ``import fairseq``
+loads, with the one thing that import does outside fairseq's own modules (``logging.basicConfig``
+calls of its speech and wav2vec modules) replayed at the command's own first import of fairseq,
+where a fresh process makes them (:func:`_import_fairseq`; anything else the import changed would
+stop the server). The command imports the plugin and fairseq's console modules itself, from its
+own ``sys.path`` (the preloaded files must be those it finds), in its own working directory,
+environment and umask, with its own argv, file descriptors (stdin, stdout, stderr and any other it
+inherited) and signal dispositions, and exits through Python's own exit path (``atexit``, thread
+shutdown, interpreter finalization), so the exit status, the output and the files are those of
+the command typed (tests/test_fork_server.py compares them with the same command run fresh). What
+differs from an ``exec``: the process's parent (the server; the command's process group is its
+own); a warning whose stack level points above the command's first frame (hydra's schema warning
+in fairseq-train) is located at the server's frame that runs the command instead of "sys:1"; and
+the hash seed and the libraries' load time, which it shares with the server. So a test that runs
+a command twice and compares the two runs for determinism must run them fresh
 (``REALFORMER_TEST_FORK_SERVER=0`` in their environment: ``harness.FRESH_PROCESS``, as
 tests/test_resume.py and test_checks.py's preprocess comparison do): two forked runs share one
 hash seed, so an output that depends on it (the iteration order of a set of strings) would come
@@ -71,8 +78,9 @@ HELPERS = {
 }
 # what the server imports: the libraries every fairseq command imports before any code of its own
 # runs, in that order (fairseq/__init__.py: torch, with numpy; fairseq/criterions/
-# sentence_prediction.py: scikit-learn's metrics, then scipy.stats)
-PRELOADED = ("torch", "sklearn", "scipy", "numpy")
+# sentence_prediction.py: scikit-learn's metrics, then scipy.stats), then fairseq itself, with
+# the one thing its import does outside its own modules deferred to the command (below)
+PRELOADED = ("torch", "sklearn", "scipy", "numpy", "fairseq")
 HOOK_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fork_server_hook")
 
 
@@ -273,6 +281,7 @@ def serve(address):
     import scipy.stats  # noqa: F401
 
     # isort: on
+    root_logging = _import_fairseq()
 
     if any(name in sys.modules for name in LAZY_MODULES):
         sys.exit(f"fork server: the preload imported one of {LAZY_MODULES}: not serving")
@@ -326,7 +335,7 @@ def serve(address):
                         other.close()
                     conn.sendall(b"started\n")
                     conn.close()
-                    _become(request, fds, set_by_imports)  # raises SystemExit out of serve()
+                    _become(request, fds, set_by_imports, root_logging)  # SystemExit out of serve()
                 for fd in fds:
                     os.close(fd)
                 running[conn] = pid
@@ -353,6 +362,98 @@ def serve(address):
                 pass
             conn.close()
             del running[conn]
+
+
+def _import_fairseq():
+    """``import fairseq`` here, for every command to find it imported, and what its import does
+    outside fairseq's own modules, which happens in the command instead: its speech and wav2vec
+    modules call ``logging.basicConfig`` as they load (the first, level DEBUG on stderr, configures
+    the root logger of a process that has not). In a fresh process these calls take effect or not
+    depending on what the command did before it first imported fairseq (fairseq-train configures
+    logging first, fairseq-preprocess after: its log goes to stderr in logging's default format),
+    so they are recorded here, not applied, and replayed in the command at its first import of
+    fairseq (:func:`_configure_root_logging_at_first_fairseq_import`). Anything else the import
+    changes outside fairseq (a handler, a level, a warnings filter, a warning shown, a thread, a
+    signal handler, the standard streams) stops the server: commands then run as processes of
+    their own. Returns the recorded calls' keyword arguments."""
+    import logging
+    import signal
+    import threading
+    import warnings
+
+    def state():
+        loggers = [logging.root, *logging.root.manager.loggerDict.values()]
+        return {
+            "handlers": [
+                (id(lg), list(lg.handlers)) for lg in loggers if getattr(lg, "handlers", None)
+            ],
+            "root level": logging.root.level,
+            "disabled": logging.root.manager.disable,
+            "warnings filters": list(warnings.filters),
+            "threads": threading.active_count(),
+            "signals": [signal.getsignal(s) for s in signal.valid_signals() if s not in
+                        (signal.SIGKILL, signal.SIGSTOP)],  # fmt: skip
+            "streams": (sys.stdin, sys.stdout, sys.stderr, sys.excepthook),
+        }
+
+    recorded, shown = [], []
+    fairseq_dir = os.path.dirname(_origin("fairseq")) + os.sep
+
+    def record_basic_config(**kwargs):
+        caller = sys._getframe(1).f_code.co_filename
+        if not caller.startswith(fairseq_dir) or not all(
+            isinstance(v, (str, int)) for v in kwargs.values()
+        ):
+            sys.exit(f"fork server: logging.basicConfig({kwargs}) from {caller}: not serving")
+        recorded.append(kwargs)
+
+    before = state()
+    basic_config, show = logging.basicConfig, warnings.showwarning
+    logging.basicConfig = record_basic_config
+    warnings.showwarning = lambda *args, **kwargs: shown.append(args[:2])
+    try:
+        import fairseq  # noqa: F401
+    finally:
+        logging.basicConfig, warnings.showwarning = basic_config, show
+    after = state()
+    changed = [k for k in before if before[k] != after[k]]
+    if changed or shown:
+        sys.exit(f"fork server: importing fairseq changed {changed}, showed {shown}: not serving")
+    return recorded
+
+
+def _origin(name):
+    import importlib.util
+
+    return importlib.util.find_spec(name).origin
+
+
+def _configure_root_logging_at_first_fairseq_import(recorded):
+    """In the command: the ``logging.basicConfig`` calls that fairseq's import made in the server
+    (:func:`_import_fairseq`), made when the command first imports fairseq, where its own import
+    would have made them (an ``import`` statement of ``fairseq`` or ``fairseq.*``, its own or in
+    a module it imports, or ``importlib.import_module``)."""
+    import builtins
+    import importlib
+    import logging
+
+    real_import, real_import_module = builtins.__import__, importlib.import_module
+
+    def first(name, level):
+        if level == 0 and (name == "fairseq" or name.startswith("fairseq.")):
+            builtins.__import__, importlib.import_module = real_import, real_import_module
+            for kwargs in recorded:
+                logging.basicConfig(**kwargs)
+
+    def import_(name, globals=None, locals=None, fromlist=(), level=0):
+        first(name, level)
+        return real_import(name, globals, locals, fromlist, level)
+
+    def import_module(name, package=None):
+        first(name, 0 if not name.startswith(".") else 1)
+        return real_import_module(name, package)
+
+    builtins.__import__, importlib.import_module = import_, import_module
 
 
 def _differences(ours, theirs, set_by_imports):
@@ -397,7 +498,7 @@ def _std_stream(fd, name, encoding, errors, line_buffering, write_through):
     return stream
 
 
-def _become(request, fds, set_by_imports):
+def _become(request, fds, set_by_imports, root_logging):
     """In the forked child: take on the command's process state, run it as ``python SCRIPT
     ARGS`` would, and leave through SystemExit (Python's own exit path)."""
     import signal
@@ -441,6 +542,7 @@ def _become(request, fds, set_by_imports):
     # sys.path[0] as Python sets it: the script's folder (symbolic links resolved), or for -m
     # the working directory
     sys.path[:] = [os.path.dirname(target) if kind == "script" else os.getcwd()] + request["path"]
+    _configure_root_logging_at_first_fairseq_import(root_logging)
     try:
         if kind == "module":
             import runpy

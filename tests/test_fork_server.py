@@ -4,6 +4,7 @@ below are the fresh process's, run beside it), and it does run the commands it i
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -40,11 +41,12 @@ def forks() -> int:
     return sum(line.startswith("forked ") for line in server_log().splitlines())
 
 
-def run_both(cmd, cwd=None, env=None, input=None):
+def run_both(cmd, cwd=None, env=None, input=None, before_each=lambda: None):
     """The command through the server, then as a process of its own: (forked, fresh), each
     (returncode, stdout, stderr); asserts the first was forked and the second was not."""
     results = []
     for address in (ADDRESS, "0"):
+        before_each()
         before = forks()
         proc = subprocess.run(
             [str(c) for c in cmd],
@@ -200,3 +202,46 @@ def test_signals_reach_the_command_and_a_killed_caller_takes_it_along():
         time.sleep(0.1)
     else:
         pytest.fail(f"the forked command {pid} outlived its killed caller")
+
+
+def log_layout(text: str):
+    """Each line with its numbers masked: which stream, format, level and logger a log line has.
+    A warning whose stack level points above the command's first frame is located at "sys:1" in
+    a fresh process and at the server's frame that runs the command in a forked one (said in
+    fork_server.py): both read WHERE."""
+    text = re.sub(r"^(sys:1|\S*fork_server\.py:\d+): ", "WHERE: ", text, flags=re.M)
+    text = text.replace("\n  exec(code, main.__dict__)\n", "\n")
+    return [re.sub(r"\d+(\.\d+)?", "N", line) for line in text.splitlines()]
+
+
+def test_logging_is_configured_as_in_the_fresh_process(tmp_path):
+    """The server imports fairseq, whose speech and wav2vec modules call logging.basicConfig as
+    they load; a command gets those calls at its own first import of fairseq: fairseq-preprocess
+    (imports fairseq, then configures logging: that does nothing) logs to stderr in logging's
+    default format at DEBUG level, fairseq-train (configures logging first) to stdout in its own
+    format, as fresh processes do."""
+    lines = [f"le chat {i} est sur le tapis {i % 7}" for i in range(60)]
+    for part in ("train", "valid"):
+        for lang in ("en", "fr"):
+            (tmp_path / f"{part}.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    data = tmp_path / "data-bin"
+    preprocess = [BIN / "fairseq-preprocess", "--source-lang", "en", "--target-lang", "fr",
+                  "--trainpref", tmp_path / "train", "--validpref", tmp_path / "valid",
+                  "--destdir", data, "--joined-dictionary", "--workers", "1"]  # fmt: skip
+    forked, fresh = run_both(preprocess, before_each=lambda: shutil.rmtree(data, True))
+    assert fresh[0] == 0 and fresh[1] == ""
+    assert "INFO:fairseq_cli.preprocess:[en] Dictionary: " in fresh[2]
+    assert forked == fresh
+    train = [BIN / "fairseq-train", data, "--arch", "transformer", "--encoder-layers", "1",
+             "--decoder-layers", "1", "--encoder-embed-dim", "16", "--decoder-embed-dim", "16",
+             "--encoder-ffn-embed-dim", "16", "--decoder-ffn-embed-dim", "16",
+             "--encoder-attention-heads", "2", "--decoder-attention-heads", "2",
+             "--optimizer", "adam", "--lr", "1e-3", "--max-tokens", "400", "--max-update", "2",
+             "--log-format", "simple", "--log-interval", "1", "--no-save", "--cpu",
+             "--num-workers", "0", "--seed", "1"]  # fmt: skip
+    forked, fresh = run_both(train, cwd=tmp_path)
+    assert fresh[0] == 0
+    assert re.search(r"^[\d: -]+ \| INFO \| fairseq_cli\.train \| ", fresh[1], re.M), fresh[1][:999]
+    assert (forked[0], log_layout(forked[1]), log_layout(forked[2])) == (
+        fresh[0], log_layout(fresh[1]), log_layout(fresh[2])
+    )  # fmt: skip

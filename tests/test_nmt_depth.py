@@ -1,7 +1,8 @@
 """``studies.nmt_depth`` (the paper's NMT claim at depth, He et al. arXiv 2012.11747, Table 7):
 the 2-update, 2-layer smoke run of the script writes the JSON the issue asks for, from held-out
-Tatoeba pairs, with the recipe's optimiser in the exact command; the verdict's arithmetic on
-hand-written runs."""
+Tatoeba pairs, with the recipe's optimiser in the exact command (-m slow: 45 s of CPU); in the
+default suite, the same split and the same training command without running them; the verdict's
+arithmetic on hand-written runs."""
 
 import json
 import math
@@ -31,6 +32,7 @@ def smoke(tmp_path_factory):
     return work, proc.stdout
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_config_runs_and_paired(smoke):
     work, log = smoke
     out = json.loads((work / "nmt_depth_smoke.json").read_text(encoding="utf-8"))
@@ -52,6 +54,7 @@ def test_smoke_run_writes_config_runs_and_paired(smoke):
     assert "RealFormer+ADMIN seed 1: valid loss" in log
 
 
+@pytest.mark.slow
 def test_smoke_trains_with_the_recipes_optimiser_at_the_asked_depth(smoke):
     work, _ = smoke
     cmd = json.loads((work / "nmt_depth_smoke.json").read_text())["config"]["train_command_example"]
@@ -70,6 +73,7 @@ def test_smoke_trains_with_the_recipes_optimiser_at_the_asked_depth(smoke):
     assert "encoder_layers=2" in log and "max_update=2" in log
 
 
+@pytest.mark.slow
 def test_smoke_tests_on_held_out_pairs(smoke):
     work, _ = smoke
     split = work / "split"
@@ -91,6 +95,47 @@ def run(variant, seed, bleu, loss, curve=None, diverged=False):
         "variant": variant, "seed": seed, "test_bleu": bleu, "test_sacrebleu": bleu - 1.0,
         "valid_loss": loss, "diverged": diverged, "valid_curve": curve or [],
     }  # fmt: skip
+
+
+# Transformer-Clinic nmt-experiments/wmt14_en-fr.md, admin 60-12l (lines 170-174), written out
+CLINIC_OPTIMISER = (
+    "--optimizer radam --radam-variant clinic --adam-betas '(0.9, 0.98)' --clip-norm 0.0 "
+    "--lr-scheduler inverse_sqrt --warmup-init-lr 1e-07 --dropout 0.1 --attention-dropout 0.1 "
+    "--activation-dropout 0.1 --weight-decay 0.0 --criterion label_smoothed_cross_entropy "
+    "--label-smoothing 0.1"
+)
+
+
+def test_split_holds_out_tatoeba_pairs_and_drops_training_pairs_sharing_a_side(tmp_path):
+    counts = nmt_depth.split_tatoeba(shared_data(), tmp_path, valid=30, test=40, max_train=0,
+                                     seed=20261206)  # fmt: skip
+    src = shared_data("tatoeba", "fra-eng.no-tatoeba-test.en")
+    all_en = [line.strip() for line in lines(src) if line.strip()]
+    parts = {p: (lines(tmp_path / f"{p}.en"), lines(tmp_path / f"{p}.fr")) for p in
+             ("train", "valid", "test")}  # fmt: skip
+    assert [len(parts[p][0]) for p in ("valid", "test")] == [30, 40]
+    assert all(len(en) == len(fr) for en, fr in parts.values())
+    held_en = set(parts["valid"][0]) | set(parts["test"][0])
+    held_fr = set(parts["valid"][1]) | set(parts["test"][1])
+    assert not held_en & set(parts["train"][0]) and not held_fr & set(parts["train"][1])
+    assert counts == {"train": len(parts["train"][0]), "valid": 30, "test": 40,
+                      "dropped_overlap": len(all_en) - 70 - len(parts["train"][0])}  # fmt: skip
+    assert 0 < counts["dropped_overlap"] < 200  # pairs sharing a side with the 70 held out
+
+
+def test_the_training_command_is_the_recipes_at_the_asked_depth(tmp_path):
+    args = nmt_depth.parse_args(["--work-dir", str(tmp_path), "--encoder-layers", "18"])
+    cmd = " ".join(
+        map(str, nmt_depth.train_command(tmp_path / "b", tmp_path / "s", "ADMIN", 3, args))
+    )
+    assert CLINIC_OPTIMISER.replace("'", "") in cmd
+    for flags in ("--arch admin_transformer_wmt_en_fr ", "--encoder-layers 18 --decoder-layers 6",
+                  "--lr 0.0007 --warmup-updates 90 --max-tokens 1024 --max-update 600",
+                  "--seed 3"):  # fmt: skip
+        assert flags in cmd, flags
+    realformer = nmt_depth.train_command(tmp_path / "bin", tmp_path / "s", "RealFormer+ADMIN", 1,
+                                         args)  # fmt: skip
+    assert realformer[realformer.index("--arch") + 1] == "realformer_wmt_en_fr"
 
 
 def test_paired_difference_per_seed_and_its_spread():
