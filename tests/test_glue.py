@@ -1,8 +1,10 @@
 """examples/glue (RealFormer's GLUE fine-tuning, He et al. 2020, arXiv 2012.11747): every task's
 file layout through prepare.sh, one-line errors, the recipe against fairseq's RoBERTa GLUE
 files, finetune.sh's exact command, GLUE's metrics, the sentence-pair layouts, MNLI and STS-B
-from GLUE files to server files, and one real end-to-end run on CPU (masked_lm pre-training of
-a tiny RealFormer BERT, finetune.sh, evaluate.sh) on a translation-pair task in MRPC's layout."""
+from GLUE files to server files (-m slow: 30 s of CPU; the default suite runs their prepare,
+finetune and evaluate plans through the README's all-tasks loop), and one real end-to-end run on
+CPU (-m slow: masked_lm pre-training of a tiny RealFormer BERT, finetune.sh, evaluate.sh) on a
+translation-pair task in MRPC's layout."""
 
 import argparse
 import functools
@@ -618,6 +620,7 @@ def test_sentence_pair_layouts_roberta_and_bert(pretrained, rte):
         assert [d[i] for i in sample] == ["<s>", *a, *between, *b, "</s>"], layout
 
 
+@pytest.mark.slow
 def test_mnli_from_glue_files_to_server_files(pretrained, tmp_path):
     """MNLI: train, dev matched / mismatched, test matched / mismatched and GLUE's diagnostic
     set binarized (labels in GLUE's order), fine-tuned (2 updates), every candidate checkpoint
@@ -703,6 +706,7 @@ def test_mnli_from_glue_files_to_server_files(pretrained, tmp_path):
     )
 
 
+@pytest.mark.slow
 def test_stsb_regression_from_glue_files_to_server_file(pretrained, tmp_path):
     """STS-B: scores / 5 as fairseq's labels (%.6g), regression fine-tuning, Pearson and
     Spearman of the predictions (numpy here), STS-B.tsv on GLUE's 0-5 scale."""

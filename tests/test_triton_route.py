@@ -421,16 +421,26 @@ def tiny_bin(tmp_path_factory):
     return data_bin
 
 
+def without_triton(command: str):
+    """``command`` (a fairseq console script) as a user types it in a Python without triton:
+    here, where triton is not installed, the command itself; in the triton job, a Python that
+    blocks its import."""
+    if not TRITON:
+        return [fairseq_command(command)]
+    module = {"fairseq-train": "train", "fairseq-generate": "generate"}[command]
+    blocked = (
+        f"import sys; sys.modules['triton'] = None; sys.argv[0] = '{command}'; "
+        f"from fairseq_cli.{module} import cli_main; cli_main()"
+    )
+    return [sys.executable, "-c", blocked]
+
+
 def test_fairseq_train_without_triton_stops_with_one_line(tiny_bin, tmp_path):
     """fairseq-train as a user types it, in a Python where triton cannot be imported."""
-    blocked = (
-        "import sys; sys.modules['triton'] = None; sys.argv[0] = 'fairseq-train'; "
-        "from fairseq_cli.train import cli_main; cli_main()"
-    )
     args = translation_train_args(tiny_bin, tmp_path / "ck", max_update=1,
                                   extra=["--residual-attention-impl", "triton"])  # fmt: skip
-    proc = subprocess.run([sys.executable, "-c", blocked, *args], capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    proc = subprocess.run([*without_triton("fairseq-train"), *map(str, args)], capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     errors = [line for line in proc.stderr.splitlines() if ": error: " in line]
@@ -448,14 +458,10 @@ def test_a_triton_checkpoint_without_triton_names_the_override_that_runs_it(tiny
     state["cfg"]["model"].residual_attention_impl = "triton"  # as the GPU run saved it
     triton_ckpt = tmp_path / "triton.pt"
     torch.save(state, triton_ckpt)
-    blocked = (
-        "import sys; sys.modules['triton'] = None; sys.argv[0] = 'fairseq-generate'; "
-        "from fairseq_cli.generate import cli_main; cli_main()"
-    )
     decode = [tiny_bin, "--user-dir", USER_DIR, "--gen-subset", "valid", "--beam", "2",
               "--batch-size", "8", "--required-batch-size-multiple", "1", "--cpu",
               "--num-workers", "0"]  # fmt: skip
-    plain = [sys.executable, "-c", blocked, *map(str, decode)]
+    plain = [*without_triton("fairseq-generate"), *map(str, decode)]
     proc = subprocess.run([*plain, "--path", str(triton_ckpt)], capture_output=True, text=True,
                           timeout=300)  # fmt: skip
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
