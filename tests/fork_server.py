@@ -75,6 +75,7 @@ HELPERS = {
     "realformer_pipelines.tools": ("model-flags", "model-info", "preprocess-commands"),
     "glue_tools.py": ("predict",),
     "squad_model.py": ("model",),
+    "pretrain_tools.py": ("evaluate",),
 }
 # what the server imports: the libraries every fairseq command imports before any code of its own
 # runs, in that order (fairseq/__init__.py: torch, with numpy; fairseq/criterions/

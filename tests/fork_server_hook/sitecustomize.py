@@ -14,7 +14,8 @@ if (
     and len(sys.orig_argv) > 1
     and (
         os.path.basename(sys.orig_argv[1]).startswith(("fairseq-", "realformer-"))
-        or os.path.basename(sys.orig_argv[1]) in ("glue_tools.py", "squad_model.py")
+        or os.path.basename(sys.orig_argv[1])
+        in ("glue_tools.py", "squad_model.py", "pretrain_tools.py")
         or sys.orig_argv[1:3] == ["-m", "realformer_pipelines.tools"]
     )
 ):
