@@ -158,11 +158,14 @@ def stage_log(stderr: str):
     return result
 
 
+@pytest.mark.slow
 def test_a_changed_input_redoes_the_stages_that_read_it(tmp_path, corpus):
     """The markers record what each stage read: rewriting test.fr in place (same path, same
     settings) redoes the stages its content reaches and no other; a touched file with the same
     content redoes nothing (fairseq 0.12-style markers of settings only: all 7 stages "finished
-    before", the old data-bin kept, exit 0)."""
+    before", the old data-bin kept, exit 0). -m slow (24 s of CPU: four prepare.sh runs); in the
+    default suite, the shared stage markers see a changed input through SQuAD's prepare.sh
+    (test_squad_pipeline.py::test_stage_markers_see_changed_inputs)."""
     work = tmp_path / "work"
     assert prepare(work, corpus).returncode == 0
     data_bin = work / "data-bin"

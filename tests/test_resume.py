@@ -11,7 +11,7 @@ an uninterrupted run builds it once (epoch 1) and reuses it, while a run resumed
 in epoch >= 2 builds it anew, so equal-length sentences tie-break differently
 and the batches differ. ``--update-epoch-batch-itr True`` rebuilds the batches
 every epoch, resumed or not, which makes resuming in any epoch exact; without it
-resuming is exact within epoch 1 (tested both ways).
+resuming is exact within epoch 1 (tested both ways; the epoch boundary in -m slow).
 """
 
 import os
@@ -118,8 +118,10 @@ def test_resume_mid_epoch(data_bin, reference, tmp_path):
     assert_same_state(omega_init(final), omega_init(after_k))
 
 
+@pytest.mark.slow
 def test_resume_at_epoch_boundary(data_bin, reference, tmp_path):
-    """Stop at the end of epoch 1, resume through epoch 2 (batches rebuilt per epoch)."""
+    """Stop at the end of epoch 1, resume through epoch 2 (batches rebuilt per epoch). -m slow
+    (16 s of CPU: two fresh fairseq-train runs); the default suite resumes mid-epoch."""
     k = reference["per_epoch"]
     first = train(data_bin, tmp_path, "--max-update", str(k), *REBUILD_BATCHES)
     after_k = load_model_state(tmp_path / "checkpoint_last.pt")
