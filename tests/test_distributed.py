@@ -158,7 +158,9 @@ def setup(tmp_path_factory):
     }
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_agree_with_each_other_and_with_one_process(setup, tmp_path):
+    """-m slow (25 s of CPU: three fresh fairseq-train processes), as this file's other tests."""
     profile = tmp_path / "omega.json"
     args = train_args(setup["data_bin"], tmp_path, "--admin-profile-out", str(profile))
     logs = run_ranks(setup["launcher"], tmp_path, args)
