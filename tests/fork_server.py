@@ -103,12 +103,10 @@ def _identity(env):
     the interpreter, its flags, the environment variables read at load time (PYTHONPATH aside:
     the libraries the server preloaded must be the files the command's sys.path finds), the
     resource limits."""
-    import importlib.util
-
     return {
         "executable": sys.executable,
         "prefix": sys.prefix,
-        "preloaded": [importlib.util.find_spec(name).origin for name in PRELOADED],
+        "preloaded": [_origin(name) for name in PRELOADED],
         "flags": list(sys.flags),
         "warnoptions": list(sys.warnoptions),
         "xoptions": sorted(map(str, sys._xoptions.items())),
@@ -449,18 +447,19 @@ def _configure_root_logging_at_first_fairseq_import(recorded):
 
     real_import, real_import_module = builtins.__import__, importlib.import_module
 
-    def first(name, level):
-        if level == 0 and (name == "fairseq" or name.startswith("fairseq.")):
+    def first(absolute_name):  # a relative one (".x", or level > 0) is never fairseq's
+        if absolute_name == "fairseq" or absolute_name.startswith("fairseq."):
             builtins.__import__, importlib.import_module = real_import, real_import_module
             for kwargs in recorded:
                 logging.basicConfig(**kwargs)
 
     def import_(name, globals=None, locals=None, fromlist=(), level=0):
-        first(name, level)
+        if level == 0:
+            first(name)
         return real_import(name, globals, locals, fromlist, level)
 
     def import_module(name, package=None):
-        first(name, 0 if not name.startswith(".") else 1)
+        first(name)
         return real_import_module(name, package)
 
     builtins.__import__, importlib.import_module = import_, import_module

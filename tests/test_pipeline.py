@@ -489,10 +489,11 @@ def test_a_download_read_through_a_pipe_ends_when_curl_does(tmp_path):
     leaves nothing behind that holds the log: before, its `sleep 30` outlived it and kept a
     piped stderr open for up to 30 s after every download (`prepare.sh 2>&1 | tee log`; each
     download test here waited 30 s per prepare.sh run)."""
+    import gzip
     import time
 
     archive = tmp_path / "a.gz"
-    archive.write_bytes(__import__("gzip").compress(b"one line\n"))
+    archive.write_bytes(gzip.compress(b"one line\n"))
     script = (
         f"set -euo pipefail; source {shlex.quote(str(REPO_ROOT / 'examples/common/pipeline.sh'))};"
         f" download_file file://{archive} {tmp_path / 'out' / 'a.gz'}"
