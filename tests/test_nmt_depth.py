@@ -307,8 +307,8 @@ def test_a_training_killed_by_sigkill_is_an_error_and_the_next_start_trains_it(
 ):
     main, calls = fake_train
     Path(f"{tmp_path / 'calls.txt'}.kill").touch()
-    with pytest.raises(runs.RunsFailed, match="ADMIN seed 1: command killed by signal SIGKILL"):
-        main(4)
+    with pytest.raises(runs.StudyError, match="ADMIN seed 1: command killed by signal SIGKILL"):
+        main(4)  # not stored as a divergence: the study fails, naming the run
     run_dir = tmp_path / "work" / "runs" / "admin_seed1"
     assert not (run_dir / "result.json").exists()
     assert "killed by signal SIGKILL" in runs.read_json(run_dir / "error.json")["error"]
