@@ -139,7 +139,8 @@ STUDIES = {
     "convergence": "convergence.py", "lm_comparison": "lm_comparison.py",
     "glue_pairs": "glue_pairs.py", "glue_pairs_margins": "glue_pairs_margins.py",
     "pretrain_comparison": "pretrain_comparison.py", "nmt_depth": "nmt_depth.py",
-    "paper_checks": "paper_checks/__main__.py",
+    "paper_checks": "paper_checks/__main__.py", "benchmark_speed": "benchmark_speed.py",
+    "benchmark_lm": "benchmark_lm.py",
 }  # fmt: skip
 # one process start each (about 7 s here): one in the default suite, the others -m slow
 PROCESS_CHECKED = [pytest.param(s, marks=[] if s == "lm_comparison" else pytest.mark.slow)
