@@ -353,6 +353,7 @@ def test_every_option_says_where_its_default_comes_from():
 
     def capture(p, argv, *args, **kwargs):
         parser_help.update({a.dest: a.help for a in p._actions})
+        parser_help["--help"] = p.format_help()  # argparse can format every help
         return real_parse(p, argv, *args, **kwargs)
 
     nmt_depth.runs.parse_run_args = capture
