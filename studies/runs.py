@@ -355,21 +355,21 @@ def run_parser(doc: str, name: str, variants: Sequence[str], jobs: int, sources:
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     sources = sources or {}
 
-    def add(flag: str, help: str = None, **kwargs):
-        p.add_argument(flag, help=sources.get(flag, help), **kwargs)
+    def add(flag: str, text: str = None, **kwargs):
+        p.add_argument(flag, help=sources.get(flag, text), **kwargs)
 
-    add("--data", type=Path, default=DEFAULT_DATA, help="root of ../shared/data/enfr")
-    add("--work-dir", type=Path, default=None, help=f"default: work_dirs/{name}")
-    add("--out", type=Path, default=None, help="where the JSON/PNG/MD go")
-    add("--quick", action="store_true", help="smoke check: small data, few updates")
+    add("--data", type=Path, default=DEFAULT_DATA, text="root of ../shared/data/enfr")
+    add("--work-dir", type=Path, default=None, text=f"default: work_dirs/{name}")
+    add("--out", type=Path, default=None, text="where the JSON/PNG/MD go")
+    add("--quick", action="store_true", text="smoke check: small data, few updates")
     add("--variants", nargs="+", choices=list(variants), default=list(variants))
     add("--seeds", nargs="+", type=int, default=None)
     add("--max-update", type=int, default=None)
     add("--valid-every", type=int, default=None)
     add("--warmup", type=int, default=None)
     add("--lr", type=float, default=1e-3)
-    add("--jobs", type=int, default=jobs, help="training runs in parallel (1 thread each)")
-    add("--force", action="store_true", help="rerun runs that have a result.json")
+    add("--jobs", type=int, default=jobs, text="training runs in parallel (1 thread each)")
+    add("--force", action="store_true", text="rerun runs that have a result.json")
     return p
 
 
