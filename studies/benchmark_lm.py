@@ -42,7 +42,6 @@ import logging
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Dict
@@ -58,18 +57,11 @@ from .bench_models import (
     force_eager_attention,
     quiet_route_logs,
 )
-from .runs import config, user_dir, write_json
+from .runs import config, get_logger, main_entry, user_dir, write_json
 from .tables import md_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-
-logging.basicConfig(
-    format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-    level=logging.WARNING,
-    stream=sys.stdout,
-)
-logger = logging.getLogger("benchmark_lm")
-logger.setLevel(logging.INFO)
+logger = get_logger("benchmark_lm")
 
 # model -> variant -> arch, flags, attention path
 MODELS = {
@@ -286,6 +278,7 @@ def parse_args(argv=None):
 def main(argv=None) -> Dict:
     args = parse_args(argv)
     quiet_route_logs()
+    logging.getLogger("fairseq").setLevel(logging.WARNING)  # its model-building lines
     torch.set_num_threads(args.threads)
     dictionary = dummy_dictionary(args.vocab)
     t0 = time.time()
@@ -312,4 +305,4 @@ def main(argv=None) -> Dict:
 
 
 if __name__ == "__main__":
-    main()
+    main_entry("studies.benchmark_lm", main)

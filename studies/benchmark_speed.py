@@ -25,10 +25,8 @@ usage (from the repository root):
 """
 
 import argparse
-import logging
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Dict
@@ -37,12 +35,11 @@ import torch
 
 from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
 from .bench_models import VARIANTS, Bench, dummy_dictionary, make_batch, quiet_route_logs
-from .runs import config, write_json
+from .runs import config, get_logger, main_entry, write_json
 from .tables import md_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-logging.basicConfig(format="%(asctime)s | %(message)s", level=logging.INFO, stream=sys.stdout)
-logger = logging.getLogger("benchmark_speed")
+logger = get_logger("benchmark_speed")
 
 # name -> sizes and workload (gen_batch None: no generation measured)
 CONFIGS = {
@@ -241,4 +238,4 @@ def main(argv=None) -> Dict:
 
 
 if __name__ == "__main__":
-    main()
+    main_entry("studies.benchmark_speed", main)

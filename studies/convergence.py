@@ -104,9 +104,14 @@ def sacrebleu_on_test_set(data_bin: Path, checkpoint: Path, out_dir: Path, cfg) 
     return float(json.loads(results.read_text(encoding="utf-8"))["sacrebleu"]["score"])
 
 
+def run_command(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> List[str]:
+    """The training of one run (what, with the data and settings, defines it)."""
+    return train_command(data_bin, run_dir, f"{VARIANTS[label]}_tiny", seed, cfg)
+
+
 def run_one(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> Dict:
     arch = f"{VARIANTS[label]}_tiny"
-    cmd = train_command(data_bin, run_dir, arch, seed, cfg)
+    cmd = run_command(label, seed, data_bin, run_dir, cfg)
     result, train_s = runs.train(cmd, run_dir, "nll_loss", variant=label, arch=arch, seed=seed)
     start = time.time()
     bleu = sacrebleu_on_test_set(data_bin, run_dir / "checkpoint_last.pt", run_dir, cfg)
@@ -141,7 +146,7 @@ def main(argv=None):
     data_bin, t0 = runs.prepare(
         args, lambda: prepare_data(args.data, args.work_dir, args.bpe_merges, args.limits)
     )
-    results = runs.run_seeds(run_one, data_bin, args, VARIANTS)
+    results = runs.run_seeds(run_one, data_bin, args, VARIANTS, command=run_command)
     summary = tables.summarise(
         results, VARIANTS, ("final_valid_loss", "test_bleu", "train_seconds")
     )
@@ -168,7 +173,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except runs.StudyError as err:
-        raise SystemExit(f"studies.convergence: error: {err}")
+    runs.main_entry("studies.convergence", main)

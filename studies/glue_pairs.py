@@ -258,16 +258,29 @@ def test_accuracy(pred: Path, gold: Path) -> float:
 # the study
 
 
+def run_commands(label: str, seed: int, data: Dict, run_dir: Path, cfg) -> Tuple[List, List]:
+    """The pre-training and the fine-tuning of one run."""
+    checkpoint = run_dir / "mlm" / "checkpoint_last.pt"
+    return (
+        pretrain_command(data["mlm_bin"], run_dir / "mlm", VARIANTS[label], seed, cfg),
+        finetune_command(data["data_bin"], checkpoint, run_dir / "ft", seed, cfg),
+    )
+
+
+def run_command(label: str, seed: int, data: Dict, run_dir: Path, cfg) -> List:
+    """Both trainings of one run as one line (what, with the data and settings, defines it)."""
+    pretrain, finetune = run_commands(label, seed, data, run_dir, cfg)
+    return [*pretrain, "&&", *finetune]
+
+
 def run_one(label: str, seed: int, data: Dict, run_dir: Path, cfg) -> Dict:
     arch = VARIANTS[label]
     run_dir.mkdir(parents=True, exist_ok=True)
+    pretrain, finetune = run_commands(label, seed, data, run_dir, cfg)
     t0 = time.time()
-    mlm, _ = runs.train(pretrain_command(data["mlm_bin"], run_dir / "mlm", arch, seed, cfg),
-                        run_dir / "mlm", variant=label)  # fmt: skip
+    mlm, _ = runs.train(pretrain, run_dir / "mlm", variant=label)
     t1 = time.time()
-    checkpoint = run_dir / "mlm" / "checkpoint_last.pt"
-    out = runs.run(finetune_command(data["data_bin"], checkpoint, run_dir / "ft", seed, cfg),
-                   run_dir / "finetune.log")  # fmt: skip
+    out = runs.run(finetune, run_dir / "finetune.log")
     curve = runs.valid_curve(out, "accuracy")
     t2 = time.time()
     runs.run(evaluate_command(data["data_bin"], run_dir / "ft", run_dir / "eval"),
@@ -337,7 +350,7 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     data, t0 = runs.prepare(args, lambda: prepare_data(args))
-    results = runs.run_seeds(run_one, data, args, VARIANTS, args.report_only)
+    results = runs.run_seeds(run_one, data, args, VARIANTS, args.report_only, command=run_command)
     planned = len(args.seeds) * len(args.variants)
     keys = ("dev_accuracy", "test_accuracy", "majority_accuracy", "mlm_valid_loss", "seconds")
     summary = tables.summarise(results, VARIANTS, keys)
@@ -370,4 +383,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    runs.main_entry("studies.glue_pairs", main)

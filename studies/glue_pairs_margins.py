@@ -110,4 +110,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    runs.main_entry("studies.glue_pairs_margins", main)

@@ -100,9 +100,14 @@ def parse_eval_lm(output: str) -> Dict[str, float]:
     return {"loss_base2": float(match.group(1)), "ppl": 2 ** float(match.group(1))}
 
 
+def run_command(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> List[str]:
+    """The training of one run (what, with the data and settings, defines it)."""
+    return train_command(data_bin, run_dir, VARIANTS[label], seed, cfg)
+
+
 def run_one(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> Dict:
     arch = VARIANTS[label]
-    cmd = train_command(data_bin, run_dir, arch, seed, cfg)
+    cmd = run_command(label, seed, data_bin, run_dir, cfg)
     result, train_s = runs.train(cmd, run_dir, "ppl", variant=label, arch=arch, seed=seed)
     checkpoint = run_dir / "checkpoint_last.pt"
     test = parse_eval_lm(runs.run(eval_command(data_bin, checkpoint, cfg), run_dir / "eval_lm.log"))
@@ -131,7 +136,9 @@ def main(argv=None):
     args = parse_args(argv)
     data_bin, t0 = runs.prepare(args, lambda: prepare_data(args.data, args.work_dir, args.limits))
     # with --report-only, the runs finished so far, nothing started
-    results = runs.run_seeds(run_one, data_bin, args, VARIANTS, args.report_only)
+    results = runs.run_seeds(
+        run_one, data_bin, args, VARIANTS, args.report_only, command=run_command
+    )
     planned = len(args.seeds) * len(args.variants)
     if args.report_only:
         logger.info("report of %d of %d runs", len(results), planned)
@@ -164,4 +171,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    runs.main_entry("studies.lm_comparison", main)

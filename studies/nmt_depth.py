@@ -13,36 +13,46 @@ d 128, 4 heads), on Tatoeba En-Fr:
    English or French side occurs in them is dropped (Tatoeba repeats sides), then the WMT'14
    pipeline's own ``prepare.sh --offline`` (Moses tokenisation, joint BPE, clean, binarise);
 2. training: the same data, batches (``--max-tokens``) and update budget for every variant and
-   seed, by ``fairseq-train --user-dir realformer_fairseq``, with the WMT'14 recipe's optimiser
-   (Transformer-Clinic's ``admin 60-12l``: RAdam, betas (0.9, 0.98), lr 7e-4, inverse-sqrt,
-   warm-up from 1e-7, no clipping, dropout / attention / activation dropout 0.1, label
-   smoothing 0.1, weight decay 0) scaled down: ``--warmup`` updates instead of 8,000, batches of
-   ``--max-tokens`` on one CPU process instead of 16 GPUs x 5,000 x 16, ``--max-update`` instead
-   of 50 epochs, float32 instead of fp16, the last checkpoint instead of the average of 10;
-3. measures per run: the valid-loss curve, test BLEU (beam 5, lenpen 0.8 as the recipe,
-   ``--required-batch-size-multiple 1``: tokenized BLEU as fairseq prints it and SacreBLEU on the
-   detokenised output, by ``examples/wmt14_en_fr/evaluate.sh``), divergence (a non-finite loss,
-   a failed run, or a final valid loss no better than the first), and the adjacent-layer
-   attention JS divergence of each chain (``realformer-attention-stats`` on valid pairs);
+   seed, by ``fairseq-train --user-dir realformer_fairseq``, with the WMT'14 recipe's training
+   flags, read from ``examples/wmt14_en_fr/recipes.py`` (``CLINIC_TRAIN``: Transformer-Clinic's
+   ``admin 60-12l``, RAdam, betas (0.9, 0.98), lr 7e-4, inverse-sqrt, warm-up from 1e-7, no
+   clipping, dropout / attention / activation dropout 0.1, label smoothing 0.1, weight decay 0)
+   less those this study replaces (``REPLACED``, each with its reason): ``--warmup`` updates
+   instead of 8,000, batches of ``--max-tokens`` on one CPU process instead of 16 GPUs x 5,000
+   x 16, ``--max-update`` instead of 50 epochs, float32 instead of fp16, the last checkpoint
+   instead of the average of 10;
+3. measures per run: the valid-loss curve, test BLEU (beam, lenpen and batch from the recipe's
+   ``CLINIC_EVAL``, ``--required-batch-size-multiple 1``: tokenized BLEU as fairseq prints it
+   and SacreBLEU on the detokenised output, by ``examples/wmt14_en_fr/evaluate.sh``),
+   divergence (fairseq's own NaN/Inf stop, or a non-finite loss in its log), a stall (no
+   progress after the warm-up, judged over at least ``STALL_POINTS`` validations), and the
+   adjacent-layer attention JS divergence of each chain (``realformer-attention-stats`` on
+   valid pairs);
 4. verdict: the per-seed paired difference RealFormer+ADMIN - ADMIN (test BLEU, valid loss),
    the updates each variant needs to reach ADMIN's final valid loss (seed-paired), a table and a
-   plot of valid loss against updates.
+   plot: per metric the variants on one axis (seed mean and each seed), the paired difference
+   per seed beside it.
 
 Runs go seed by seed (every variant of seed 1, then seed 2, ...), so a study stopped early has
-whole pairs; each finished run leaves ``WORK/runs/<variant>_seed<S>/result.json`` and is not
-run again (resume: start the same command). Progress is logged, one line per stage.
+whole pairs; each finished run leaves ``WORK/runs/<variant>_seed<S>/result.json`` with what
+defines it, and is not run again while that definition is asked for (resume: start the same
+command; another ``--max-update`` trains the runs again, see ``studies.runs``). A failed
+command (a signal, OOM, a full disk) is an error, not a divergence: the other runs finish, the
+study exits non-zero listing it, and the same command trains it again. Progress is logged with
+times, one line per stage.
 
 Writes ``docs/benchmarks/nmt_depth.json`` (``config``, ``runs``, ``paired``, ``summary``),
 ``nmt_depth.md`` (the table and verdict) and ``nmt_depth.png``.
 
 usage (from the repository root; its run time is in docs/benchmarks.md):
     nohup python -m studies.nmt_depth > work_dirs/nmt_depth.log 2>&1 &
-    python -m studies.nmt_depth --smoke --work-dir /tmp/nmt_smoke   # 2 layers, 2 updates
+    python -m studies.nmt_depth --quick --work-dir /tmp/nmt_quick   # 2 layers, 20 updates
+    python -m studies.nmt_depth --replot   # nmt_depth.png again from docs/benchmarks' JSON
 """
 
 import argparse
+import importlib.util
 import json
-import logging
 import math
 import random
 import re
@@ -52,11 +62,44 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from . import runs
+from . import plots, runs, tables
 
-PREPARE = runs.REPO_ROOT / "examples" / "wmt14_en_fr" / "prepare.sh"
-EVALUATE = runs.REPO_ROOT / "examples" / "wmt14_en_fr" / "evaluate.sh"
+PIPELINE = runs.REPO_ROOT / "examples" / "wmt14_en_fr"
+PREPARE = PIPELINE / "prepare.sh"
+EVALUATE = PIPELINE / "evaluate.sh"
 logger = runs.get_logger("nmt_depth")
+
+
+def pipeline_recipes():
+    """``examples/wmt14_en_fr/recipes.py``, the one place the WMT'14 recipe's values are kept
+    (executed from its file: ``examples`` is not a package)."""
+    spec = importlib.util.spec_from_file_location("wmt14_en_fr_recipes", PIPELINE / "recipes.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RECIPES = pipeline_recipes()
+RECIPE = RECIPES.recipe("admin-clinic")
+RECIPE_VALUES = {flag: value for flag, value, _ in RECIPE["train"]}
+EVAL_VALUES = {name: value for name, value, _ in RECIPE["eval"]}
+# the recipe's flags this study sets itself, and why
+REPLACED = {
+    "--warmup-updates": "--warmup: 8,000 updates is 13x this study's whole default budget",
+    "--lr": "--lr, whose default is the recipe's",
+    "--seed": "--seeds: one run per seed",
+    "--max-epoch": "--max-update: a CPU budget of updates, not 50 epochs of WMT'14",
+    "--log-format": "json: the study reads fairseq's json log lines",
+    "--log-interval": "--log-interval",
+    **{flag: "float32 on CPU (GPU-only fp16 flags)" for flag in RECIPES.FP16_FLAGS},
+}
+# the recipe's other training flags, as its train.sh passes them
+RECIPE_FLAGS = [
+    word
+    for flag, value, _ in RECIPE["train"]
+    if flag not in REPLACED
+    for word in ((flag,) if value is None else (flag, value))
+]
 
 # label -> (arch, extra flags). The baseline is fairseq's own Post-LN ``transformer`` (no
 # plugin code in its layers); Pre-LN is fairseq's ``transformer`` with pre-normalisation.
@@ -76,16 +119,6 @@ SLUG = {
     "Post-LN (fairseq)": "postln",
     "Pre-LN (fairseq)": "preln",
 }
-
-# Transformer-Clinic nmt-experiments/wmt14_en-fr.md, "admin 60-12l" (lines 170-177; the same
-# values as examples/wmt14_en_fr/recipes.py CLINIC_TRAIN), less the GPU-only flags
-RECIPE_FLAGS = [
-    "--optimizer", "radam", "--radam-variant", "clinic", "--adam-betas", "(0.9, 0.98)",
-    "--clip-norm", "0.0", "--lr-scheduler", "inverse_sqrt", "--warmup-init-lr", "1e-07",
-    "--dropout", "0.1", "--attention-dropout", "0.1", "--activation-dropout", "0.1",
-    "--weight-decay", "0.0", "--criterion", "label_smoothed_cross_entropy",
-    "--label-smoothing", "0.1", "--share-all-embeddings",
-]  # fmt: skip
 
 
 # ---------------------------------------------------------------------------
@@ -169,21 +202,48 @@ def train_command(data_bin: Path, save_dir: Path, label: str, seed: int, cfg) ->
     ]  # fmt: skip
 
 
+def run_command(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> List[str]:
+    """The training of one run (what, with the data and settings, defines it)."""
+    return train_command(data_bin, run_dir, label, seed, cfg)
+
+
 def train_losses(text: str) -> List[float]:
     return [float(s["loss"]) for s in runs.log_records(text, "train_inner")]
 
 
-def diverged_reason(curve: List[Dict], losses: List[float], failed: Optional[str]) -> str:
-    """Why a run counts as diverged ("" when it does not): a failed command, a non-finite
-    loss, or no progress (its last valid loss is not below its first)."""
-    if failed:
-        return f"failed: {failed}"
+def diverged_reason(curve: List[Dict], losses: List[float], nan_inf_stop: Optional[str]) -> str:
+    """Why a run counts as diverged ("" when it does not): fairseq's own NaN/Inf stop (its
+    line, ``runs.nan_inf_stop``) or a non-finite loss in its log. A failed command is an error
+    (raised, never stored) and a loss that stops falling is a stall (``stall_reason``)."""
+    if nan_inf_stop:
+        return f"fairseq stopped: {nan_inf_stop}"
     values = [p["loss"] for p in curve] + losses
     if not all(math.isfinite(x) for x in values):
         return "non-finite loss"
-    if len(curve) >= 2 and not curve[-1]["loss"] < curve[0]["loss"]:
-        return f"no progress: valid loss {curve[0]['loss']:.3f} -> {curve[-1]['loss']:.3f}"
     return ""
+
+
+# A stall is judged over the validations from the end of the warm-up on (the learning rate at
+# its peak and after), and only with at least this many of them: two intervals of training at
+# full learning rate, so that one noisy validation cannot make a stall. Shorter curves (smoke
+# runs: 2 updates) are "too short to tell" (None), neither a stall nor progress.
+STALL_POINTS = 3
+
+
+def stall_reason(curve: List[Dict], warmup: int) -> Optional[str]:
+    """ "" when the valid loss fell after the warm-up, the stall when it did not (the last
+    valid loss not below the first one at or after update ``warmup``), None when fewer than
+    ``STALL_POINTS`` validations lie there."""
+    after = [p for p in curve if p["update"] >= warmup]
+    if len(after) < STALL_POINTS:
+        return None
+    first, last = after[0], after[-1]
+    if last["loss"] < first["loss"]:
+        return ""
+    return (
+        f"no progress after the warm-up: valid loss {first['loss']:.3f} at update "
+        f"{first['update']} -> {last['loss']:.3f} at {last['update']}"
+    )
 
 
 # ---------------------------------------------------------------------------
@@ -191,14 +251,15 @@ def diverged_reason(curve: List[Dict], losses: List[float], failed: Optional[str
 
 
 def evaluate(data_bin: Path, checkpoint: Path, run_dir: Path, cfg) -> Dict:
-    """Beam 5, lenpen 0.8, --required-batch-size-multiple 1 on the test set by the pipeline's
-    evaluate.sh: {"tokenized": fairseq's BLEU4, "sacrebleu": SacreBLEU of the detokenised
-    output}."""
+    """The recipe's beam and lenpen, --required-batch-size-multiple 1 on the test set by the
+    pipeline's evaluate.sh: {"tokenized": fairseq's BLEU4, "sacrebleu": SacreBLEU of the
+    detokenised output}."""
     results = run_dir / "evaluate.json"
     runs.run(
         [
-            "bash", EVALUATE, "--data-bin", data_bin, "--checkpoint", checkpoint, "--beam", "5",
-            "--lenpen", "0.8", "--batch-size", str(cfg.gen_batch), "--cpu",
+            "bash", EVALUATE, "--data-bin", data_bin, "--checkpoint", checkpoint,
+            "--beam", EVAL_VALUES["beam"], "--lenpen", EVAL_VALUES["lenpen"],
+            "--batch-size", str(cfg.gen_batch), "--cpu",
             "--out-dir", run_dir / "eval", "--results", results,
             "--", "--required-batch-size-multiple", "1", "--num-workers", "0",
         ],
@@ -253,23 +314,29 @@ def log_seconds(text: str) -> float:
 
 
 def run_one(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> Dict:
+    """Train (unless this definition's training had ended: ``runs.claim`` moved any other
+    aside), evaluate, and return the run's result. fairseq's NaN/Inf stop is a result (a
+    divergence); any other failure of the training raises ``runs.CommandFailed``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    failed = None
+    stop = None
     text = finished_training(run_dir, cfg)
     if text is not None:
         logger.info("%s seed %d: training had finished, evaluating %s", label, seed, run_dir)
     else:
-        cmd = train_command(data_bin, run_dir, label, seed, cfg)
+        cmd = run_command(label, seed, data_bin, run_dir, cfg)
         logger.info("%s seed %d: training (%d updates) -> %s", label, seed, cfg.max_update, run_dir)
         try:
             text = runs.run(cmd, run_dir / "train.log")
-        except runs.StudyError as err:  # divergence (fairseq's NaN stop) is a result
+        except runs.CommandFailed:
             text = (run_dir / "train.log").read_text(encoding="utf-8")
-            failed = str(err).splitlines()[0][:300]
+            stop = runs.nan_inf_stop(text)
+            if stop is None:
+                raise  # a signal, OOM, disk, ...: an error, trained again on the next start
     wall = log_seconds(text)
     curve = runs.valid_curve(text)
     losses = train_losses(text)
-    reason = diverged_reason(curve, losses, failed)
+    reason = diverged_reason(curve, losses, stop)
+    stall = None if reason else stall_reason(curve, cfg.warmup)
     result = {
         "variant": label,
         "arch": VARIANTS[label][0],
@@ -279,23 +346,25 @@ def run_one(label: str, seed: int, data_bin: Path, run_dir: Path, cfg) -> Dict:
         "updates": curve[-1]["update"] if curve else 0,
         "diverged": bool(reason),
         "diverged_reason": reason or None,
+        "stalled": None if stall is None else bool(stall),
+        "stall_reason": stall or None,
         "test_bleu": None,
         "test_sacrebleu": None,
         "attention_js": None,
         "wall_s": round(wall, 1),
     }
     checkpoint = run_dir / "checkpoint_last.pt"
-    if checkpoint.exists() and not (failed or "non-finite" in reason):
+    if checkpoint.exists() and not reason:
         start = time.time()
         scores = evaluate(data_bin, checkpoint, run_dir, cfg)
         result.update(test_bleu=scores["tokenized"], test_sacrebleu=scores["sacrebleu"])
         result["attention_js"] = attention_js(checkpoint, data_bin, run_dir, cfg)
         result["eval_wall_s"] = round(time.time() - start, 1)
     logger.info(
-        "%s seed %d: valid loss %s after %d updates, test BLEU %s (sacreBLEU %s)%s, %.0f s",
+        "%s seed %d: valid loss %s after %d updates, test BLEU %s (sacreBLEU %s)%s%s, %.0f s",
         label, seed, _fmt(result["valid_loss"], 3), result["updates"],
         _fmt(result["test_bleu"], 2), _fmt(result["test_sacrebleu"], 2),
-        f", DIVERGED: {reason}" if reason else "", wall,
+        f", DIVERGED: {reason}" if reason else "", f", STALLED: {stall}" if stall else "", wall,
     )  # fmt: skip
     return result
 
@@ -373,6 +442,8 @@ def verdict(pair: Dict, results: List[Dict]) -> str:
         return "No seed has both ADMIN and RealFormer+ADMIN finished: nothing to compare."
     diverged = sorted({r["variant"] for r in results if r["diverged"]})
     div = f" Diverged runs: {', '.join(diverged)}." if diverged else " No run diverged."
+    stalled = sorted(f"{r['variant']} seed {r['seed']}" for r in results if r.get("stalled"))
+    div += f" Stalled runs: {', '.join(stalled)}." if stalled else ""
     mean, lo, hi = bleu["mean"], bleu["min"], bleu["max"]
     spread = f"per-seed differences {lo:+.2f} to {hi:+.2f} BLEU over {n} seed(s)"
     loss = pair["valid_loss"]["mean"]
@@ -403,10 +474,10 @@ def verdict(pair: Dict, results: List[Dict]) -> str:
 def table(results: List[Dict], variants: Sequence[str], cfg) -> str:
     head = (
         f"| variant ({cfg.encoder_layers}L-{cfg.decoder_layers}L, d {cfg.width}) | seeds | "
-        f"diverged | valid loss @ {cfg.max_update} | test BLEU (tok) | test sacreBLEU | "
+        f"diverged | stalled | valid loss @ {cfg.max_update} | test BLEU (tok) | test sacreBLEU | "
         "mean adjacent-layer JS (enc / dec self / cross) | train s/run |"
     )
-    lines = [head, "|" + "---|" * 8]
+    lines = [head, "|" + "---|" * 9]
     for label in variants:
         rs = [r for r in results if r["variant"] == label]
         if not rs:
@@ -421,8 +492,9 @@ def table(results: List[Dict], variants: Sequence[str], cfg) -> str:
             s = mean_sd([(r["attention_js"] or {}).get(chain) for r in ok])
             js.append(_fmt(s["mean"], 3))
         wall = mean_sd([r["wall_s"] for r in rs])["mean"]
+        stalled = sum(1 for r in rs if r.get("stalled"))
         lines.append(
-            f"| {label} | {len(rs)} | {len(rs) - len(ok)} | {' | '.join(cells)} | "
+            f"| {label} | {len(rs)} | {len(rs) - len(ok)} | {stalled} | {' | '.join(cells)} | "
             f"{' / '.join(js)} | {wall:.0f} |"
         )
     return "\n".join(lines)
@@ -435,115 +507,179 @@ def _mean_sd_text(s: Dict, digits: int) -> str:
     return f"{s['mean']:.{digits}f}{sd}"
 
 
-def plot(results: List[Dict], variants: Sequence[str], path: Path, cfg):
-    import matplotlib
+PAIR = ("RealFormer+ADMIN", "ADMIN")  # the difference the study exists for
 
-    matplotlib.use("Agg")
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)
-    import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(variants), figsize=(4.2 * len(variants), 3.6), sharey=True)
-    axes = [axes] if len(variants) == 1 else list(axes)
+def figure(results: List[Dict], variants: Sequence[str], cfg):
+    """Per metric (valid loss against updates; test BLEU) the variants on one axis, each seed
+    thin and the seed mean bold, and beside it the paired difference RealFormer+ADMIN - ADMIN
+    per seed (the same seed, two variants). Diverged runs: dotted, left out of means and pairs."""
+    plt = plots.pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8), gridspec_kw={"width_ratios": [3, 2]})
+    (loss_ax, loss_diff), (bleu_ax, bleu_diff) = axes
+    colour = {label: f"C{i}" for i, label in enumerate(variants)}
     finite = [p["loss"] for r in results for p in r["valid_curve"] if math.isfinite(p["loss"])]
-    for ax, label in zip(axes, variants):
-        for r in sorted((r for r in results if r["variant"] == label), key=lambda r: r["seed"]):
-            xs = [p["update"] for p in r["valid_curve"]]
-            ys = [p["loss"] for p in r["valid_curve"]]
+    for label in variants:
+        rs = sorted((r for r in results if r["variant"] == label), key=lambda r: r["seed"])
+        for r in rs:
+            xs, ys = zip(*((p["update"], p["loss"]) for p in r["valid_curve"])) or ((), ())
             style = ":" if r["diverged"] else "-"
-            ax.plot(xs, ys, style, marker=".", label=f"seed {r['seed']}")
-        ax.set_title(label)
-        ax.set_xlabel("updates")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+            loss_ax.plot(xs, ys, style, color=colour[label], lw=0.8, alpha=0.6)
+        ok = [r for r in rs if not r["diverged"] and r["valid_curve"]]
+        if ok:
+            ups, values = tables.seed_curves(ok, "loss")
+            mean = [statistics.fmean(v) for v in values]
+            loss_ax.plot(ups, mean, color=colour[label], lw=2.2, label=f"{label} (n={len(ok)})")
     if finite:
-        axes[0].set_ylim(min(finite) - 0.1, min(max(finite), min(finite) + 6) + 0.1)
-    axes[0].set_ylabel("valid loss (label-smoothed CE, base 2)")
+        loss_ax.set_ylim(min(finite) - 0.1, min(max(finite), min(finite) + 6) + 0.1)
+    loss_ax.set(xlabel="updates", ylabel="valid loss (label-smoothed CE, base 2)",
+                title="valid loss: seed mean (bold) and each seed (thin)")  # fmt: skip
+    loss_ax.legend(fontsize=8)
+
+    by = {(r["variant"], r["seed"]): r for r in results if not r["diverged"]}
+    a, b = PAIR
+    # seeds in colours of their own (C0.. are the variants')
+    for i, seed in enumerate(sorted({s for v, s in by if v == a} & {s for v, s in by if v == b})):
+        ca = {p["update"]: p["loss"] for p in by[(a, seed)]["valid_curve"]}
+        cb = {p["update"]: p["loss"] for p in by[(b, seed)]["valid_curve"]}
+        ups = sorted(set(ca) & set(cb))
+        loss_diff.plot(
+            ups, [ca[u] - cb[u] for u in ups], marker=".", color=f"C{4 + i}", label=f"seed {seed}"
+        )
+    if loss_diff.get_lines():
+        loss_diff.legend(fontsize=8)
+    loss_diff.axhline(0.0, color="k", lw=0.8)
+    loss_diff.set(xlabel="updates", ylabel="valid loss difference",
+                  title=f"{a} - {b}, same seed\n(below 0: {a} better)")  # fmt: skip
+
+    for i, label in enumerate(variants):
+        scored = [r for r in results if r["variant"] == label and r["test_bleu"] is not None
+                  and not r["diverged"]]  # fmt: skip
+        if not scored:
+            continue
+        bleu_ax.scatter([i] * len(scored), [r["test_bleu"] for r in scored], color=colour[label])
+        for r in scored:
+            bleu_ax.annotate(f" seed {r['seed']}", (i, r["test_bleu"]), fontsize=7)
+        mean = statistics.fmean(r["test_bleu"] for r in scored)
+        bleu_ax.hlines(mean, i - 0.25, i + 0.25, color=colour[label], lw=2.2)
+    bleu_ax.set_xticks(range(len(variants)), list(variants))
+    bleu_ax.set(ylabel="test BLEU (tokenized)", title="test BLEU: each seed (dots), mean (bar)")
+
+    rows = paired(results, a, b)["per_seed"]
+    diffs = [row["test_bleu"] for row in rows]
+    bleu_diff.bar([f"seed {row['seed']}" for row in rows], diffs,
+                  color=["C2" if d > 0 else "C3" for d in diffs])  # fmt: skip
+    bleu_diff.axhline(0.0, color="k", lw=0.8)
+    bleu_diff.set(
+        ylabel="test BLEU difference", title=f"{a} - {b}, same seed\n(above 0: {a} better)"
+    )
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
     fig.suptitle(
         f"Tatoeba En-Fr, {cfg.encoder_layers}L-{cfg.decoder_layers}L d{cfg.width}, "
         f"{cfg.max_update} updates of {cfg.max_tokens} tokens, CPU"
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def plot(results: List[Dict], variants: Sequence[str], path: Path, cfg):
+    plots.save_figure(figure(results, variants, cfg), path, dpi=110)
 
 
 # ---------------------------------------------------------------------------
 
+# where each default comes from (the help of its flag)
+SOURCES = {
+    "--warmup": "updates of linear warm-up (default 90: 15 %% of the default 600-update budget, "
+    "the fraction of this study's first version, 60 of 400; the recipe's 8,000 is 13x the "
+    "whole budget). Not scaled with --max-update: inverse_sqrt does not depend on the budget, "
+    "so a longer run's first 600 updates have the 600-update runs' schedule",
+    "--max-update": "updates per run (default 600: the budget this CPU trains the 9 runs of "
+    "18L-6L in, about 1.5 hours; docs/benchmarks.md)",
+    "--valid-every": "updates between validations (default: 12 points, 50 at 600 updates)",
+    "--lr": f"peak learning rate (default: the recipe's {RECIPE_VALUES['--lr']})",
+    "--seeds": "default 1 2 3: the paired difference needs a spread (--quick: 1)",
+    "--jobs": "runs in parallel, 1 thread each (default 2: the project's 2 cores)",
+}
+QUICK = dict(encoder_layers=2, decoder_layers=2, width=32, ffn=64, heads=2, bpe_size=200,
+             max_train_pairs=2000, valid_pairs=20, test_pairs=20, max_tokens=512,
+             attn_lines=10)  # fmt: skip
+
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=runs.DEFAULT_DATA, help="../shared/data/enfr")
-    p.add_argument("--work-dir", type=Path, default=runs.REPO_ROOT / "work_dirs" / "nmt_depth")
-    p.add_argument("--out", type=Path, default=None, help="default: docs/benchmarks")
-    p.add_argument("--smoke", action="store_true", help="2 layers, 2 updates, small data")
-    p.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=None)
-    p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3])
-    p.add_argument("--encoder-layers", type=int, default=18)
-    p.add_argument("--decoder-layers", type=int, default=6)
-    p.add_argument("--width", type=int, default=128)
-    p.add_argument("--ffn", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--bpe-size", type=int, default=8000, help="joint BPE merges")
-    p.add_argument("--max-tokens", type=int, default=1024)
-    p.add_argument("--max-update", type=int, default=600)
-    p.add_argument("--valid-every", type=int, default=50)
-    p.add_argument("--warmup", type=int, default=90)
-    p.add_argument("--lr", type=float, default=7e-4, help="the recipe's 7e-4")
-    p.add_argument("--log-interval", type=int, default=10)
-    p.add_argument("--valid-pairs", type=int, default=1000)
-    p.add_argument("--test-pairs", type=int, default=1000)
+    p = runs.run_parser(__doc__, "nmt_depth", VARIANTS, jobs=2, sources=SOURCES)
+    p.set_defaults(variants=list(DEFAULT_VARIANTS), lr=float(RECIPE_VALUES["--lr"]))
+    depth = "the deepest encoder this CPU trains 9 runs of in about 1.5 hours (docs/benchmarks.md)"
+    p.add_argument("--encoder-layers", type=int, default=18, help=depth)
+    p.add_argument("--decoder-layers", type=int, default=6,
+                   help="the 6L study's decoder: this study deepens the encoder only "
+                   "(the paper deepens both, 60L-12L)")  # fmt: skip
+    p.add_argument("--width", type=int, default=128, help="d_model: the 6L study's (convergence)")
+    p.add_argument("--ffn", type=int, default=256, help="2x width, as the 6L study")
+    p.add_argument("--heads", type=int, default=4, help="head size 32, as the 6L study")
+    p.add_argument("--bpe-size", type=int, default=8000,
+                   help="joint BPE merges: about the frequent word forms of the corpus")  # fmt: skip
+    p.add_argument("--max-tokens", type=int, default=1024,
+                   help="tokens per batch (with --max-update, the CPU budget)")  # fmt: skip
+    p.add_argument("--log-interval", type=int, default=10,
+                   help="train_inner lines every N updates (10: 60 training losses of a "
+                   "600-update run for the non-finite-loss check)")  # fmt: skip
+    held = ("held-out pairs, {} (1,000: under 1 %% of Tatoeba's pairs, a third of newstest2014's "
+            "3,003 sentences)")  # fmt: skip
+    p.add_argument("--valid-pairs", type=int, default=1000, help=held.format("valid"))
+    p.add_argument("--test-pairs", type=int, default=1000, help=held.format("test"))
     p.add_argument("--max-train-pairs", type=int, default=0, help="0: all")
-    p.add_argument("--split-seed", type=int, default=20261206)
-    p.add_argument("--gen-batch", type=int, default=128)
-    p.add_argument("--attn-lines", type=int, default=200)
-    p.add_argument("--jobs", type=int, default=2, help="runs in parallel, 1 thread each")
-    p.add_argument("--force", action="store_true", help="rerun runs that have a result.json")
-    args = p.parse_args(argv)
-    if args.smoke:
-        args.encoder_layers = args.decoder_layers = 2
-        args.width, args.ffn, args.heads = 32, 64, 2
-        args.max_update, args.valid_every, args.warmup = 2, 1, 1
-        args.bpe_size, args.max_train_pairs = 200, 2000
-        args.valid_pairs = args.test_pairs = 20
-        args.max_tokens, args.attn_lines, args.seeds = 512, 10, args.seeds[:1]
-    args.variants = args.variants or list(DEFAULT_VARIANTS)
-    args.out = args.out or (args.work_dir if args.smoke else runs.REPO_ROOT / "docs" / "benchmarks")
+    p.add_argument("--split-seed", type=int, default=20261206, help="the study's date")
+    p.add_argument("--gen-batch", type=int, default=int(EVAL_VALUES["batch_size"]),
+                   help="sentences per generation batch (default: the recipe's)")  # fmt: skip
+    p.add_argument("--attn-lines", type=int, default=200,
+                   help="valid pairs for the attention statistics (200: a sample for a mean JS "
+                   "per layer, at a cost per run small next to its training)")  # fmt: skip
+    p.add_argument("--replot", action="store_true",
+                   help="rewrite the PNG from the stored JSON in --out; train nothing")  # fmt: skip
+    args = runs.parse_run_args(p, argv, "nmt_depth", max_update=600, valid_points=12, warmup=90)
+    if args.quick:
+        vars(args).update(QUICK)
     return args
+
+
+def replot(args, name: str) -> Path:
+    """The PNG again from the study's JSON (its runs and config), without training."""
+    stored = runs.read_json(args.out / f"{name}.json")
+    if stored is None:
+        raise runs.StudyError(f"{args.out / f'{name}.json'}: no stored study to plot")
+    cfg = argparse.Namespace(**stored["config"])
+    png = args.out / f"{name}.png"
+    plot(stored["runs"], cfg.variants, png, cfg)
+    logger.info("plotted %s from %s", png, args.out / f"{name}.json")
+    return png
 
 
 def main(argv=None):
     args = parse_args(argv)
-    # importing fairseq configured the root logger (no times, DEBUG): the log's lines get times
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-        level=logging.INFO,
-        stream=sys.stdout,
-        force=True,
-    )
-    args.work_dir.mkdir(parents=True, exist_ok=True)
+    name = runs.study_name(args, "nmt_depth")
+    if args.replot:
+        replot(args, name)
+        return
     args.out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    logger.info("work dir %s, %d runs", args.work_dir, len(args.variants) * len(args.seeds))
-    data_bin = prepare_data(args)
-    logger.info("data ready in %.0f s: %s", time.time() - t0, data_bin)
-    results = runs.run_seeds(run_one, data_bin, args, SLUG)  # seed-major, resumable
-    pair = paired(results, "RealFormer+ADMIN", "ADMIN")
+    data_bin, t0 = runs.prepare(args, lambda: prepare_data(args))
+    logger.info("%d runs", len(args.variants) * len(args.seeds))
+    # seed-major, resumable; a failed run raises after the others, before the report
+    results = runs.run_seeds(run_one, data_bin, args, SLUG, command=run_command)
+    pair = paired(results, *PAIR)
     text = verdict(pair, results)
     md = table(results, args.variants, args)
-    config = runs.config(args, drop=("smoke", "force"))
+    config = runs.config(args, drop=("quick", "force", "replot"))
     config["train_command_example"] = runs.command_line(
         train_command(data_bin, Path("SAVE_DIR"), "RealFormer+ADMIN", 1, args)
     )
     config["recipe_changes"] = (
-        "Transformer-Clinic admin 60-12l optimiser (RAdam clinic, betas (0.9, 0.98), lr "
-        f"{args.lr:g}, inverse_sqrt from 1e-7, clip 0, dropouts 0.1, label smoothing 0.1, "
-        f"weight decay 0) with: warm-up {args.warmup} updates (reference 8000), "
+        f"Transformer-Clinic admin 60-12l flags from {RECIPES.MD} (examples/wmt14_en_fr/"
+        "recipes.py CLINIC_TRAIN) with: warm-up {args.warmup} updates (reference 8000), "
         f"{args.max_tokens}-token batches on one CPU process (reference 16 GPUs x 5000 x 16), "
         f"{args.max_update} updates (reference 50 epochs), float32 (reference fp16), "
         "the last checkpoint (reference: average of the last 10 epochs)"
     )
-    name = "nmt_depth_smoke" if args.smoke else "nmt_depth"
     out = {
         "description": "RealFormer+ADMIN vs ADMIN vs fairseq Post-LN at encoder depth "
         f"{args.encoder_layers} on Tatoeba En-Fr (held-out test pairs), {len(args.seeds)} "
@@ -570,7 +706,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except runs.StudyError as err:
-        raise SystemExit(f"studies.nmt_depth: error: {err}")
+    runs.main_entry("studies.nmt_depth", main)

@@ -142,12 +142,17 @@ def evaluate_command(args, data_bin: Path, save_dir: Path) -> List:
             "--checkpoint-dir", save_dir, "--cpu", "--seed", str(args.mask_seed)]  # fmt: skip
 
 
+def run_command(label: str, seed: int, data_bin: Path, run_dir: Path, args) -> List:
+    """The training of one run (what, with the data and settings, defines it)."""
+    return train_command(args, data_bin, VARIANTS[label], seed, run_dir)
+
+
 def run_one(label: str, seed: int, data_bin: Path, run_dir: Path, args) -> Dict:
     variant = VARIANTS[label]
     run_dir.mkdir(parents=True, exist_ok=True)
     load_start = os.getloadavg()
     start = time.time()
-    runs.run(train_command(args, data_bin, variant, seed, run_dir), run_dir / "train.log")
+    runs.run(run_command(label, seed, data_bin, run_dir, args), run_dir / "train.log")
     train_s = time.time() - start
     runs.run(evaluate_command(args, data_bin, run_dir), run_dir / "evaluate.log")
     report = json.loads((run_dir / "mlm_accuracy.json").read_text(encoding="utf-8"))
@@ -205,7 +210,9 @@ def parse_args(argv=None):
 def main(argv=None):
     args = parse_args(argv)
     data_bin, t0 = runs.prepare(args, lambda: prepare_data(args))
-    results = runs.run_seeds(run_one, data_bin, args, VARIANTS, args.report_only)
+    results = runs.run_seeds(
+        run_one, data_bin, args, VARIANTS, args.report_only, command=run_command
+    )
     planned = len(args.seeds) * len(args.variants)
     fingerprints = sorted({r["fingerprint"] for r in results})
     summary = tables.summarise(results, VARIANTS, ("final_accuracy", "final_loss_base2",
@@ -259,4 +266,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    runs.main_entry("studies.pretrain_comparison", main)

@@ -1,6 +1,23 @@
 """What the training studies share: fairseq subprocesses with their logs, JSON results (written
-atomically), fairseq's json log lines, resume by ``result.json``, common arguments, and the
-report of a study.
+atomically), fairseq's json log lines, resume by ``result.json``, common arguments, logging, and
+the report of a study.
+
+Resume. A run's ``result.json`` carries its *definition*: its command (with the run's folder,
+the work folder, the repository and the venv written as placeholders, so that moving them is
+not a change), a fingerprint of its data (the bytes of the prepared data) and the study's
+settings (the parsed arguments, less those that say which runs to do and how, not what a run
+is: ``NOT_DEFINING``). A stored result is reused only when its definition is the one asked for
+now. Otherwise the run is trained again, and its old folder is kept beside it as
+``<run>.superseded``: a study asked to train for another budget or on other data means those
+runs, and stopping to ask for ``--force`` would make the command users type (the same
+command with a new ``--max-update``) fail by design; the WARNING names what differs, so a
+change made by mistake is seen, and the old result is not lost.
+
+Outcomes. Only fairseq's own NaN/Inf stop (``NAN_INF_STOPS``) is a divergence, a result of the
+run. Any other failure of a command (a signal, the OOM killer, a full disk, a bug) is an error:
+the run is not stored, its ``error.json`` says what happened, the other runs go on, and the
+next start of the same command trains it again. ``run_seeds`` raises ``RunsFailed`` listing
+every failed run once all have finished.
 
 The drivers (``studies.convergence``, ``studies.lm_comparison``, ``studies.paper_checks``) check
 He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747) and Liu et al.,
@@ -9,16 +26,19 @@ tables are in ``studies.tables``, plots in ``studies.plots``.
 """
 
 import argparse
+import hashlib
 import json
 import logging
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 from realformer_fairseq.atomic_files import atomic_output, write_json_atomic, write_text_atomic
 
@@ -33,14 +53,46 @@ class StudyError(RuntimeError):
     """A stage failed; the message names the stage and the command's output tail."""
 
 
+class CommandFailed(StudyError):
+    """A command exited non-zero (``returncode``; negative: killed by that signal)."""
+
+    def __init__(self, message: str, returncode: int, log_file: Path):
+        super().__init__(message)
+        self.returncode = returncode
+        self.log_file = log_file
+
+
+class RunsFailed(StudyError):
+    """Runs of a study failed (errors, not divergence); the others finished and are stored."""
+
+
+LOG_FORMAT = "%(asctime)s | %(levelname)s | %(name)s | %(message)s"
+
+
 def get_logger(name: str) -> logging.Logger:
-    logging.basicConfig(
-        format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
-        datefmt="%Y-%m-%d %H:%M:%S",
-        level=logging.INFO,
-        stream=sys.stdout,
-    )
+    """The study's logger; ``main_entry`` (or ``configure_logging``) gives it times at INFO."""
     return logging.getLogger(name)
+
+
+def configure_logging():
+    """INFO with times on stdout for the study's process. ``force``: importing the plugin
+    imports fairseq, which has configured the root logger already (DEBUG, stderr, no times),
+    so a plain ``basicConfig`` would do nothing; matplotlib's DEBUG font search stays quiet."""
+    logging.basicConfig(
+        format=LOG_FORMAT, datefmt="%Y-%m-%d %H:%M:%S", level=logging.INFO, stream=sys.stdout,
+        force=True,
+    )  # fmt: skip
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+
+
+def main_entry(prog: str, main: Callable):
+    """A study's ``if __name__ == "__main__"``: logging by ``configure_logging``, then
+    ``main()``; a StudyError becomes the exit message ``prog: error: ...``."""
+    configure_logging()
+    try:
+        main()
+    except StudyError as err:
+        raise SystemExit(f"{prog}: error: {err}") from None
 
 
 def fairseq_command(name: str) -> str:
@@ -67,11 +119,40 @@ def run(cmd: Sequence, log_file: Path, threads: int = 1) -> str:
             )
         out = Path(tmp).read_text(encoding="utf-8")
     if proc.returncode != 0:
-        raise StudyError(
-            f"command failed ({proc.returncode}), log {log_file}: "
-            f"{' '.join(map(str, cmd))}\n{out[-3000:]}"
+        raise CommandFailed(
+            f"{exit_text(proc.returncode)}, log {log_file}: "
+            f"{' '.join(map(str, cmd))}\n{out[-3000:]}",
+            proc.returncode,
+            log_file,
         )
     return out
+
+
+def exit_text(returncode: int) -> str:
+    """``command failed (exit status 1)`` or ``command killed by signal SIGKILL``."""
+    if returncode < 0:
+        try:
+            return f"command killed by signal {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"command killed by signal {-returncode}"
+    return f"command failed (exit status {returncode})"
+
+
+# fairseq 0.12's own stops on a non-finite loss or gradient, as its traceback's last line
+# prints them: fairseq/trainer.py Trainer.train_step ("gradients are Nan/Inf", without
+# --amp), fairseq/optim/dynamic_loss_scaler.py and amp_optimizer.py (--fp16 / --amp: the loss
+# scale fell to --min-loss-scale). fairseq's other FloatingPointError ("gradients are
+# inconsistent between workers") is a hardware or set-up fault, not a divergence.
+NAN_INF_STOPS = re.compile(
+    r"^FloatingPointError: (gradients are Nan/Inf|(AMP: )?Minimum loss scale reached \(.*)$",
+    re.M,
+)
+
+
+def nan_inf_stop(log_text: str) -> Optional[str]:
+    """The line of fairseq's NaN/Inf stop in a training log (a divergence), or None."""
+    found = NAN_INF_STOPS.search(log_text)
+    return found.group(0) if found else None
 
 
 def write_json(path: Path, obj):
@@ -82,12 +163,93 @@ def read_json(path: Path) -> Optional[Dict]:
     return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
 
 
-def finished(result_file: Path, force: bool = False) -> Optional[Dict]:
-    """The stored result of a finished run (resume); None when the run is still to do."""
+# parsed arguments that say which runs to do and how, not what a run is
+NOT_DEFINING = (
+    "seeds", "variants", "jobs", "force", "report_only", "work_dir", "out", "quick", "data",
+    "keep_checkpoints",
+)  # fmt: skip
+
+
+def data_fingerprint(data: Union[Path, Dict, Sequence]) -> str:
+    """sha256 of the prepared data: every file under ``data`` (a folder, a file, or a dict or
+    list of them), by relative name and bytes; fairseq's ``*.log`` files (times) left out."""
+    paths = list(data.values()) if isinstance(data, dict) else [data]
+    paths = [p for item in paths for p in (item if isinstance(item, (list, tuple)) else [item])]
+    digest = hashlib.sha256()
+    for root in map(Path, paths):
+        files = sorted(root.rglob("*")) if root.is_dir() else [root]
+        for path in files:
+            if path.is_file() and path.suffix != ".log":
+                digest.update(f"{path.relative_to(root.parent)}\n".encode())
+                with open(path, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 20), b""):
+                        digest.update(block)
+    return digest.hexdigest()
+
+
+def portable_command(cmd: Sequence, run_dir: Path, work_dir: Path) -> str:
+    """The command line with the run's folder, the work folder, the venv's bin and the
+    repository as ``RUN_DIR``, ``WORK_DIR``, ``BIN`` and ``REPO``."""
+    text = command_line(cmd)
+    for path, name in ((run_dir, "RUN_DIR"), (work_dir, "WORK_DIR"), (BIN, "BIN"),
+                       (REPO_ROOT, "REPO")):  # fmt: skip
+        text = text.replace(str(path), name)
+    return text
+
+
+def definition(cmd: Sequence, data_print: str, args, run_dir: Path, drop=()) -> Dict:
+    """What defines a run: its command, its data's fingerprint and the study's settings
+    (``config(args)`` less ``NOT_DEFINING`` and ``drop``)."""
+    return {
+        "command": portable_command(cmd, run_dir, args.work_dir),
+        "data": data_print,
+        "settings": config(args, drop=(*NOT_DEFINING, *drop)),
+    }
+
+
+def differences(stored: Optional[Dict], wanted: Dict) -> List[str]:
+    """The parts of a stored definition that differ from ``wanted`` (settings by name)."""
+    if not stored:
+        return ["no definition stored"]
+    diff = [k for k in ("command", "data") if stored.get(k) != wanted[k]]
+    old, new = stored.get("settings") or {}, wanted["settings"]
+    diff += [
+        f"--{k.replace('_', '-')}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)
+    ]
+    return diff
+
+
+def finished(result_file: Path, wanted: Dict, force: bool = False) -> Optional[Dict]:
+    """The stored result of a finished run of definition ``wanted`` (resume); None when the
+    run is still to do (none stored, ``force``, or stored for another definition: WARNING)."""
     result = None if force else read_json(result_file)
-    if result is not None:
-        logging.getLogger("study").info("reusing %s", result_file)
+    if result is None:
+        return None
+    diff = differences(result.get("definition"), wanted)
+    if diff:
+        logging.getLogger("study").warning(
+            "%s is another run's (differs in: %s): not reused",
+            result_file, ", ".join(diff),
+        )  # fmt: skip
+        return None
+    logging.getLogger("study").info("reusing %s", result_file)
     return result
+
+
+def claim(run_dir: Path, wanted: Dict):
+    """Make ``run_dir`` this definition's: a folder left by another definition (or by a
+    version that stored none) is moved aside to ``<run_dir>.superseded``, so that its logs and
+    checkpoints are not taken for this run's; then ``definition.json`` records ``wanted``."""
+    stamp = run_dir / "definition.json"
+    if run_dir.exists() and any(run_dir.iterdir()) and read_json(stamp) != wanted:
+        aside = run_dir.with_name(run_dir.name + ".superseded")
+        shutil.rmtree(aside, ignore_errors=True)
+        run_dir.rename(aside)
+        logging.getLogger("study").warning(
+            "%s held another definition's run: moved to %s", run_dir, aside
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    write_json(stamp, wanted)
 
 
 def read_lines(path: Path, limit: Optional[int]) -> List[str]:
@@ -174,8 +336,10 @@ def train(cmd: Sequence, run_dir: Path, *extra: str, **fields):
 
 
 def store(run_dir: Path, result: Dict, keep_checkpoints: bool = False) -> Dict:
-    """Write the run's ``result.json`` (what ``finished`` reads) and drop its checkpoints."""
+    """Write the run's ``result.json`` (what ``finished`` reads) and drop its checkpoints and
+    the ``error.json`` of an earlier try."""
     write_json(run_dir / "result.json", result)
+    (run_dir / "error.json").unlink(missing_ok=True)
     for ckpt in [] if keep_checkpoints else run_dir.glob("checkpoint*.pt"):
         ckpt.unlink()  # keep the work dir small
     return result
@@ -185,23 +349,27 @@ def store(run_dir: Path, result: Dict, keep_checkpoints: bool = False) -> Dict:
 # arguments of the training studies
 
 
-def run_parser(doc: str, name: str, variants: Sequence[str], jobs: int):
-    """The arguments every training study has: data, folders, seeds, schedule, parallel runs."""
+def run_parser(doc: str, name: str, variants: Sequence[str], jobs: int, sources: Dict = None):
+    """The arguments every training study has: data, folders, seeds, schedule, parallel runs;
+    ``sources``: {flag: help} saying where a study's default comes from (replaces the help)."""
     p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    p.add_argument("--data", type=Path, default=DEFAULT_DATA, help="root of ../shared/data/enfr")
-    p.add_argument("--work-dir", type=Path, default=None, help=f"default: work_dirs/{name}")
-    p.add_argument("--out", type=Path, default=None, help="where the JSON/PNG/MD go")
-    p.add_argument("--quick", action="store_true", help="smoke check: small data, few updates")
-    p.add_argument("--variants", nargs="+", choices=list(variants), default=list(variants))
-    p.add_argument("--seeds", nargs="+", type=int, default=None)
-    p.add_argument("--max-update", type=int, default=None)
-    p.add_argument("--valid-every", type=int, default=None)
-    p.add_argument("--warmup", type=int, default=None)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument(
-        "--jobs", type=int, default=jobs, help="training runs in parallel (1 thread each)"
-    )
-    p.add_argument("--force", action="store_true", help="rerun runs that have a result.json")
+    sources = sources or {}
+
+    def add(flag: str, text: str = None, **kwargs):
+        p.add_argument(flag, help=sources.get(flag, text), **kwargs)
+
+    add("--data", type=Path, default=DEFAULT_DATA, text="root of ../shared/data/enfr")
+    add("--work-dir", type=Path, default=None, text=f"default: work_dirs/{name}")
+    add("--out", type=Path, default=None, text="where the JSON/PNG/MD go")
+    add("--quick", action="store_true", text="smoke check: small data, few updates")
+    add("--variants", nargs="+", choices=list(variants), default=list(variants))
+    add("--seeds", nargs="+", type=int, default=None)
+    add("--max-update", type=int, default=None)
+    add("--valid-every", type=int, default=None)
+    add("--warmup", type=int, default=None)
+    add("--lr", type=float, default=1e-3)
+    add("--jobs", type=int, default=jobs, text="training runs in parallel (1 thread each)")
+    add("--force", action="store_true", text="rerun runs that have a result.json")
     return p
 
 
@@ -215,28 +383,55 @@ def prepare(args, prepare_data: Callable[[], Path]):
     args.work_dir.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    logging.getLogger("study").info("work dir %s", args.work_dir)
     data_bin = prepare_data()
     logging.getLogger("study").info("data ready in %.0fs: %s", time.time() - t0, data_bin)
     return data_bin, t0
 
 
-def run_seeds(run_one: Callable, data_bin: Path, args, variants: Dict, report_only=False):
+def run_seeds(
+    run_one: Callable, data_bin, args, variants: Dict, report_only=False, *,
+    command: Callable, drop: Sequence[str] = (),
+):  # fmt: skip
     """Every seed of every variant, ``args.jobs`` at a time: ``run_one(label, seed, data_bin,
-    run_dir, args)`` for the runs without a ``run_dir/result.json`` (all with --force, none
-    with ``report_only``), whose result is stored there; the results in that order."""
+    run_dir, args)`` for the runs without a ``run_dir/result.json`` of this definition (its
+    training ``command(label, seed, data_bin, run_dir, args)``, the data's fingerprint and the
+    settings less ``drop``; all with --force, none with ``report_only``), whose result is
+    stored there with its ``definition``; the results in that order. A run that raises does
+    not stop the others: once all have ended, ``RunsFailed`` lists every failure."""
+    data_print = data_fingerprint(data_bin)
+    log = logging.getLogger("study")
 
     def one(label, seed):
         run_dir = args.work_dir / "runs" / f"{variants[label]}_seed{seed}"
-        result = finished(run_dir / "result.json", args.force and not report_only)
+        cmd = command(label, seed, data_bin, run_dir, args)
+        wanted = definition(cmd, data_print, args, run_dir, drop)
+        result = finished(run_dir / "result.json", wanted, args.force and not report_only)
         if result is None and not report_only:
-            result = run_one(label, seed, data_bin, run_dir, args)
-            store(run_dir, result, getattr(args, "keep_checkpoints", False))
+            claim(run_dir, wanted)
+            try:
+                result = run_one(label, seed, data_bin, run_dir, args)
+            except Exception as err:
+                write_json(run_dir / "error.json", {"error": str(err), "definition": wanted})
+                log.error("%s seed %d failed (retried on resume): %s", label, seed,
+                          str(err).splitlines()[0])  # fmt: skip
+                raise
+            result = store(run_dir, {**result, "definition": wanted},
+                           getattr(args, "keep_checkpoints", False))  # fmt: skip
         return result
 
     jobs = [(label, seed) for seed in args.seeds for label in args.variants]
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = list(pool.map(lambda job: one(*job), jobs))
-    return [r for r in results if r is not None]
+        futures = [pool.submit(one, *job) for job in jobs]
+        outcomes = [(job, future.exception()) for job, future in zip(jobs, futures)]
+    failures = [f"{label} seed {seed}: {str(err).splitlines()[0]}"
+                for (label, seed), err in outcomes if err is not None]  # fmt: skip
+    if failures:
+        raise RunsFailed(
+            f"{len(failures)} of {len(jobs)} runs failed (the others are stored; the same "
+            "command trains the failed ones again):\n" + "\n".join(failures)
+        )
+    return [r for r in (future.result() for future in futures) if r is not None]
 
 
 def report(args, name: str, t0: float, runs: List[Dict], summary: Dict, table: str, **fields):

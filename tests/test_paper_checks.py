@@ -13,18 +13,33 @@ from studies.paper_checks import config, driver, summary, training
 from studies.text import LM_PUNCTUATION, split_words
 
 
-def test_finished_run_is_skipped(tmp_path, monkeypatch):
-    cfg = config.parse_args(["--work-dir", str(tmp_path), "--out", str(tmp_path / "out")])
-    run_dir = tmp_path / "runs" / "realformer_bert_lr0.001_seed2"
-    run_dir.mkdir(parents=True)
-    stored = {"variant": "RealFormer", "seed": 2, "lr": 0.001, "final_valid_loss": 5.0}
-    (run_dir / "result.json").write_text(json.dumps(stored))
+def test_finished_run_is_skipped_for_the_same_definition_only(tmp_path, monkeypatch):
+    def parse(*extra):
+        return config.parse_args(["--work-dir", str(tmp_path), "--out", str(tmp_path / "out"),
+                                  *extra])  # fmt: skip
+
+    trained = []
+
+    def fake_run(cmd, log_file, threads=1):
+        trained.append(cmd)
+        last = int(cmd[cmd.index("--max-update") + 1])
+        stats = {"valid_loss": "5.0", "valid_accuracy": "10.0", "valid_num_updates": str(last)}
+        return f"2026-12-07 05:00:00 | INFO | valid | {json.dumps(stats)}\n"
+
+    monkeypatch.setattr(training, "run", fake_run)
+    first = training.run_mlm("RealFormer", 2, 1e-3, tmp_path / "mlm-bin", parse())
+    assert (first["completed_updates"], len(trained)) == (3000, 1)
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished run must not be retrained")
 
     monkeypatch.setattr(training, "run", no_training)
-    assert training.run_mlm("RealFormer", 2, 1e-3, tmp_path / "mlm-bin", cfg) == stored
+    assert training.run_mlm("RealFormer", 2, 1e-3, tmp_path / "mlm-bin", parse()) == first
+    monkeypatch.setattr(training, "run", fake_run)  # another budget: trained again
+    again = training.run_mlm(
+        "RealFormer", 2, 1e-3, tmp_path / "mlm-bin", parse("--max-update", "40")
+    )
+    assert (again["completed_updates"], len(trained)) == (40, 2)
 
 
 def test_updates_to_reach():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from realformer_fairseq.atomic_files import write_text_atomic
 
-from ..runs import StudyError, config, read_json, write_json
+from ..runs import RunsFailed, config, read_json, write_json
 from .config import BPE_MERGES, N_ANALYSIS, N_VALID, SIZES, VARIANTS, mlm_run_dir, parse_args
 from .data import prepare_mlm_data
 from .figures import plot
@@ -69,14 +69,15 @@ def main(argv=None):
             return run_nmt(cfg)
         return run_mlm(lab, seed, lr, data_bin, cfg)
 
-    results = {}
+    results, failures = {}, []
     with ThreadPoolExecutor(max_workers=cfg.jobs) as pool:
         futures = {job: pool.submit(do, job) for job in jobs}
         for job, fut in futures.items():
             try:
                 results[job] = fut.result()
-            except StudyError as err:
+            except Exception as err:  # every run ends; the failures are listed at the end
                 log.error("%s failed: %s", job, err)
+                failures.append(f"{job}: {str(err).splitlines()[0]}")
                 results[job] = None
     mlm = [r for (k, *_), r in results.items() if k == "mlm" and r]
     base = [r for r in mlm if r["seed"] == cfg.seeds[0] and r["variant"] != "Pre-LN"]
@@ -85,3 +86,7 @@ def main(argv=None):
     summary = report(mlm, sweep, nmt, cfg, t0)
     print(json.dumps(summary["mlm_table"], indent=1))
     log.info("done in %.0fs; report in %s", time.time() - t0, cfg.out / "paper_checks.json")
+    if failures:
+        raise RunsFailed(f"{len(failures)} of {len(jobs)} runs failed (the report has the "
+                         "others; the same command runs the failed ones again):\n"
+                         + "\n".join(failures))  # fmt: skip

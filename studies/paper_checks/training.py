@@ -15,11 +15,14 @@ from typing import Dict, List, Optional
 from .. import convergence
 from ..runs import (
     REPO_ROOT,
-    StudyError,
+    CommandFailed,
+    data_fingerprint,
+    definition,
     fairseq_command,
     finished,
     get_logger,
     log_records,
+    nan_inf_stop,
     read_json,
     run,
     run_flags,
@@ -60,17 +63,23 @@ def run_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[D
     arch = f"{VARIANTS[label]}_tiny"  # sizes come from the explicit flags
     run_dir = mlm_run_dir(cfg, label, lr, seed)
     result_file = run_dir / "result.json"
-    result = finished(result_file)
+    cmd = mlm_command(data_bin, run_dir, arch, seed, lr, cfg)
+    # the run's own lr is in its command; the other runs' lrs and the NMT part do not define it
+    wanted = definition(cmd, data_fingerprint(data_bin), cfg, run_dir,
+                        drop=("lr", "sweep_lrs", "only", "nmt_updates", "full"))  # fmt: skip
+    result = finished(result_file, wanted)
     if result:
         return result
     run_dir.mkdir(parents=True, exist_ok=True)
     start = time.time()
     try:
-        text = run(mlm_command(data_bin, run_dir, arch, seed, lr, cfg), run_dir / "train.log")
+        text = run(cmd, run_dir / "train.log")
         failed = None
-    except StudyError as err:  # divergence (e.g. fairseq's NaN-loss stop) is a result
+    except CommandFailed:
         text = (run_dir / "train.log").read_text(encoding="utf-8")
-        failed = str(err).splitlines()[-1][:300]
+        failed = nan_inf_stop(text)  # fairseq's NaN/Inf stop: a divergence, a result
+        if failed is None:
+            raise  # a signal, OOM, disk, ...: an error, retried on the next start
     curve, ups = parse_mlm_log(text)
     diverged = failed is not None or not curve or not all(math.isfinite(p["loss"]) for p in curve)
     result = {
@@ -88,6 +97,7 @@ def run_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[D
         "error": failed,
         "median_ups": ups,
         "train_seconds": round(time.time() - start, 1),
+        "definition": wanted,
     }
     if (run_dir / "checkpoint_last.pt").exists() and not diverged:
         attention_stats(

@@ -1,0 +1,181 @@
+"""``studies.runs``, what every training study shares: a stored result is reused only for the run
+it is of (command, data, settings), a failed run never cancels the others, only fairseq's own
+NaN/Inf stop is a divergence, and every study logs with times at INFO through one helper."""
+
+import argparse
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from harness import REPO_ROOT
+
+from studies import runs
+
+
+def study_args(work: Path, **changes) -> argparse.Namespace:
+    values = dict(work_dir=work, out=work, seeds=[1, 2], variants=["A", "B"], jobs=1, force=False,
+                  quick=False, data=Path("/somewhere"), max_update=4, lr=1e-3)  # fmt: skip
+    return argparse.Namespace(**{**values, **changes})
+
+
+class Study:
+    """A run_one and its training command that record what they were asked to do."""
+
+    def __init__(self, fail=()):
+        self.calls, self.fail = [], set(fail)
+
+    def command(self, label, seed, data, run_dir, args):
+        return ["fairseq-train", data, "--max-update", args.max_update, "--save-dir", run_dir]
+
+    def run_one(self, label, seed, data, run_dir, args):
+        self.calls.append((label, seed))
+        if (label, seed) in self.fail:
+            raise runs.StudyError(f"{label} {seed} broke\nsecond line")
+        return {"variant": label, "seed": seed, "max_update": args.max_update}
+
+    def run(self, data, args):
+        return runs.run_seeds(self.run_one, data, args, {"A": "a", "B": "b"},
+                              command=self.command)  # fmt: skip
+
+
+@pytest.fixture
+def data(tmp_path):
+    folder = tmp_path / "data-bin"
+    folder.mkdir()
+    (folder / "train.bin").write_bytes(b"\x01\x02")
+    (folder / "preprocess.log").write_text("2026-12-07 05:00:00 | a time\n")
+    return folder
+
+
+def test_one_failed_run_cancels_no_other_and_all_failures_are_listed(tmp_path, data):
+    study = Study(fail={("A", 1), ("B", 2)})
+    with pytest.raises(runs.RunsFailed) as err:
+        study.run(data, study_args(tmp_path))
+    assert study.calls == [("A", 1), ("B", 1), ("A", 2), ("B", 2)]  # seed-major, all of them
+    assert str(err.value).splitlines() == [
+        "2 of 4 runs failed (the others are stored; the same command trains the failed ones "
+        "again):",
+        "A seed 1: A 1 broke",
+        "B seed 2: B 2 broke",
+    ]
+    stored = sorted(p.parent.name for p in (tmp_path / "runs").glob("*/result.json"))
+    assert stored == ["a_seed2", "b_seed1"]
+    assert "A 1 broke" in runs.read_json(tmp_path / "runs" / "a_seed1" / "error.json")["error"]
+    # the next start trains the failed ones only
+    again = Study()
+    assert [r["seed"] for r in again.run(data, study_args(tmp_path))] == [1, 1, 2, 2]
+    assert again.calls == [("A", 1), ("B", 2)]
+    assert not (tmp_path / "runs" / "a_seed1" / "error.json").exists()
+
+
+def test_a_stored_result_is_reused_only_for_the_same_command_data_and_settings(tmp_path, data):
+    Study().run(data, study_args(tmp_path))
+    # which runs and how many at a time, where the folders are, the data's log: the same runs
+    same = Study()
+    same.run(data, study_args(tmp_path, jobs=2, seeds=[2], variants=["B"], force=False))
+    (data / "preprocess.log").write_text("2026-12-07 06:00:00 | another time\n")
+    same.run(data, study_args(tmp_path))
+    assert same.calls == []
+    # another budget: trained again, the old folder kept aside
+    budget = Study()
+    results = budget.run(data, study_args(tmp_path, max_update=6))
+    assert budget.calls == [("A", 1), ("B", 1), ("A", 2), ("B", 2)]
+    assert [r["max_update"] for r in results] == [6, 6, 6, 6]
+    old = runs.read_json(tmp_path / "runs" / "a_seed1.superseded" / "result.json")
+    assert old["max_update"] == 4
+    # other data bytes, or a setting outside the command (here --lr): trained again
+    (data / "train.bin").write_bytes(b"\x01\x03")
+    other_data = Study()
+    other_data.run(data, study_args(tmp_path, max_update=6, seeds=[1], variants=["A"]))
+    assert other_data.calls == [("A", 1)]
+    other_lr = Study()
+    other_lr.run(data, study_args(tmp_path, max_update=6, seeds=[1], variants=["A"], lr=3e-3))
+    assert other_lr.calls == [("A", 1)]
+
+
+def test_a_result_stored_without_its_definition_is_not_reused(tmp_path, data, caplog):
+    run_dir = tmp_path / "runs" / "a_seed1"
+    run_dir.mkdir(parents=True)
+    runs.write_json(run_dir / "result.json", {"variant": "A", "seed": 1, "max_update": 600})
+    study = Study()
+    assert study.run(data, study_args(tmp_path, seeds=[1], variants=["A"]))[0]["max_update"] == 4
+    assert study.calls == [("A", 1)]
+    assert "differs in: no definition stored" in caplog.text
+
+
+# fairseq 0.12's tracebacks' last lines (fairseq/trainer.py, optim/dynamic_loss_scaler.py)
+GRADIENTS = "FloatingPointError: gradients are Nan/Inf"
+LOSS_SCALE = (
+    "FloatingPointError: Minimum loss scale reached (0.0001). Your loss is probably exploding. "
+    "Try lowering the learning rate, using gradient clipping or increasing the batch size."
+)
+WORKERS = "FloatingPointError: Fatal error: gradients are inconsistent between workers. Try"
+
+
+@pytest.mark.parametrize(
+    "last_line,stop",
+    [(GRADIENTS, GRADIENTS), (LOSS_SCALE, LOSS_SCALE), (WORKERS, None),
+     ("RuntimeError: [enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: not enough "
+      "memory", None), ("OSError: [Errno 28] No space left on device", None)],
+)  # fmt: skip
+def test_only_fairseqs_own_nan_inf_stop_is_a_divergence(last_line, stop):
+    log = f"2026-12-07 05:00:00 | INFO | train_inner | {{}}\nTraceback (most recent call last):\n"
+    assert runs.nan_inf_stop(f'{log}  File "trainer.py", line 970\n{last_line}\n') == stop
+
+
+def test_a_killed_command_says_which_signal(tmp_path):
+    with pytest.raises(runs.CommandFailed) as err:
+        runs.run([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"],
+                 tmp_path / "x.log")  # fmt: skip
+    assert err.value.returncode == -9
+    assert str(err.value).startswith(f"command killed by signal SIGKILL, log {tmp_path / 'x.log'}")
+
+
+# the studies that run through studies.runs, and the file of each one's ``__main__``
+STUDIES = {
+    "convergence": "convergence.py", "lm_comparison": "lm_comparison.py",
+    "glue_pairs": "glue_pairs.py", "glue_pairs_margins": "glue_pairs_margins.py",
+    "pretrain_comparison": "pretrain_comparison.py", "nmt_depth": "nmt_depth.py",
+    "paper_checks": "paper_checks/__main__.py", "benchmark_speed": "benchmark_speed.py",
+    "benchmark_lm": "benchmark_lm.py",
+}  # fmt: skip
+# one process start each (about 7 s here): one in the default suite, the others -m slow
+PROCESS_CHECKED = [pytest.param(s, marks=[] if s == "lm_comparison" else pytest.mark.slow)
+                   for s in ("convergence", "lm_comparison", "glue_pairs", "pretrain_comparison",
+                             "nmt_depth")]  # fmt: skip
+
+
+@pytest.mark.parametrize("study", STUDIES)
+def test_every_study_starts_through_the_one_entry_helper(study):
+    """Its ``__main__`` is ``runs.main_entry(\"studies.NAME\", main)``: logging with times at
+    INFO (``configure_logging``) and a StudyError as the exit message."""
+    tree = ast.parse((REPO_ROOT / "studies" / STUDIES[study]).read_text(encoding="utf-8"))
+    calls = [
+        node for node in ast.walk(tree) if isinstance(node, ast.Call)
+        and ast.unparse(node.func) in ("runs.main_entry", "main_entry")
+    ]  # fmt: skip
+    assert [ast.unparse(c) for c in calls] in (
+        [f"runs.main_entry('studies.{study}', main)"],
+        [f"main_entry('studies.{study}', main)"],
+    )
+    assert "basicConfig" not in ast.unparse(tree)
+
+
+@pytest.mark.parametrize("study", PROCESS_CHECKED)
+def test_every_study_logs_with_times_at_info_and_exits_in_one_line(tmp_path, study):
+    """Missing data: the study's first line is its work folder, with a time, at INFO (fairseq's
+    import left the root logger at DEBUG without times), and the error is one line."""
+    cmd = [sys.executable, "-m", f"studies.{study}", "--quick", "--data", str(tmp_path / "none"),
+           "--work-dir", str(tmp_path / "work")]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d"
+    assert re.match(rf"{stamp} \| INFO \| study \| work dir {tmp_path / 'work'}\n", proc.stdout), (
+        proc.stdout + proc.stderr
+    )
+    assert "DEBUG" not in proc.stdout + proc.stderr
+    assert proc.stderr.startswith(f"studies.{study}: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr
