@@ -452,6 +452,17 @@ def rest_of_step(model: Dict, length: int, batch_tokens: int, gpu: Dict) -> Dict
     )
 
 
+def gpu_for(device_name: str) -> Tuple[str, Dict]:
+    """The ceilings for a device named ``device_name`` (``torch.cuda.get_device_name``): the
+    H200's or the H100's; any other device (a CPU smoke run, another GPU) gets the H100's, and
+    the returned name says so."""
+    if "H200" in device_name:
+        return "H200", GPUS["H200"]
+    if "H100" in device_name:
+        return "H100 SXM", GPUS["H100 SXM"]
+    return f"H100 SXM (assumed for {device_name})", GPUS["H100 SXM"]
+
+
 def measured_h200(path: Path = H200_MEASURED) -> Dict[int, Dict]:
     """length -> the H200's measured vanilla step seconds and peak bytes (fp16) and the eager
     route's ratios, from gpu_check's routes part; {} without the file."""
