@@ -536,6 +536,7 @@ def study(model: Dict = MODEL, lengths=LENGTHS, batch_tokens: int = BATCH_TOKENS
                 score_elements_per_layer=costs[0][0].scores,
                 kept_bytes=sum(c.kept for _, c in costs),
                 transient_bytes=max(c.transient for _, c in costs),
+                layers=[layer_row(layer, c) for layer, c in costs],
                 gpus={},
             )
             for gpu_name, gpu in GPUS.items():
@@ -595,6 +596,19 @@ def study(model: Dict = MODEL, lengths=LENGTHS, batch_tokens: int = BATCH_TOKENS
         eager_check=eager_check(model, batch_tokens, measured, rest_bytes),
         dropout=dropout_costs(model, batch_tokens),
     )
+
+
+def layer_row(layer: Layer, cost: LayerCost) -> Dict:
+    """One layer's bytes, FLOPs, kept bytes and predicted milliseconds, forward and backward."""
+    row = dict(chain=layer.chain, index=layer.index, kept_bytes=cost.kept)
+    for phase in ("forward", "backward"):
+        kernels = getattr(cost, phase)
+        row[phase] = dict(
+            bytes=sum(k.read + k.written for k in kernels),
+            flops=sum(k.flops for k in kernels),
+            ms={g: 1e3 * sum(k.seconds(gpu) for k in kernels) for g, gpu in GPUS.items()},
+        )
+    return row
 
 
 def verdict(length: int, rows: Dict[str, Dict], eager_peak: Optional[float]) -> Dict:

@@ -127,3 +127,16 @@ def test_a_route_against_itself_is_one_and_the_eager_check_is_close_to_the_h200(
 def test_the_committed_json_is_what_the_study_writes():
     committed = json.loads((REPO_ROOT / "docs" / "benchmarks" / "triton_cost.json").read_text())
     assert committed == json.loads(json.dumps(tc.study(), default=str))
+
+
+def test_the_json_rows_carry_each_layer_with_its_hand_computed_bytes():
+    report = tc.study()
+    row = next(r for r in report["rows"] if (r["route"], r["tokens"]) == ("triton", 32))
+    assert len(row["layers"]) == 18 and row["batch_sentences"] == 256
+    (layer2,) = [
+        x for x in row["layers"] if (x["chain"], x["index"]) == ("encoder self-attention", 2)
+    ]
+    assert layer2["forward"]["bytes"] == 50_855_936 and layer2["backward"]["bytes"] == 152_829_952
+    assert layer2["kept_bytes"] == 8_388_608
+    assert layer2["forward"]["ms"]["H200"] == pytest.approx(15e-3)  # the launch floor, 15 us
+    assert set(row["gpus"]) == {"H100 SXM", "H200"}
