@@ -741,9 +741,26 @@ def markdown(report: Dict) -> str:
         ]
         for c in report["eager_check"]
     ]
+    per_layer = [
+        [r["tokens"], r["route"]]
+        + [
+            f"{r['gpus'][g]['per_layer_ms']['forward'] * 1e3:.0f} / "
+            f"{r['gpus'][g]['per_layer_ms']['backward'] * 1e3:.0f}"
+            for g in GPUS
+        ]
+        + [f"{r['kept_bytes'] / r['attention_layers'] / 2**20:.0f}"]
+        for r in report["rows"]
+        if r["route"] in ("fused", "triton")
+    ]
     return "\n\n".join(
         [
             md_table(head, rows),
+            md_table(
+                ["tokens", "route"]
+                + [f"{g} us per layer, forward / backward" for g in GPUS]
+                + ["MiB kept per layer"],
+                per_layer,
+            ),
             md_table(
                 [
                     "tokens",
