@@ -52,7 +52,8 @@ def quiet_route_logs():
     fairseq's ``wav2vec2_classification`` sets the root logger to DEBUG on import."""
     import logging
 
-    logging.getLogger("realformer_fairseq.modules.residual_attention").setLevel(logging.INFO)
+    for route in ("residual_attention", "triton_route"):
+        logging.getLogger(f"realformer_fairseq.modules.{route}").setLevel(logging.INFO)
 
 
 def dummy_dictionary(vocab: int):

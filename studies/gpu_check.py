@@ -29,11 +29,18 @@ Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.
    (``realformer_triton``, ``--residual-attention-impl triton``): training words/s and peak
    memory against ``vanilla`` and ``realformer_eager`` at lengths 32, 128, 512 and 2048, fp16
    and bf16, and its output and gradient errors against the eager route in float64 (float32,
-   fp16, bf16; fails above ``route_precision.TOLERANCE``). Without triton this part is one
-   line and skipped; ``--smoke`` runs it under Triton's interpreter (``TRITON_INTERPRET=1``).
+   fp16, bf16; fails above ``route_precision.TOLERANCE``); and in training
+   (``route_precision.triton_training_check``): attention dropout 0.1, lengths 337 and 811 (no
+   multiple of any block size: several blocks, ragged last ones), head size 64, fp16 and bf16,
+   against float64 eager with the kernels' own dropout masks, each run twice from one seed
+   (fails unless the two runs are identical). Without triton this part is one line and
+   skipped; ``--smoke`` runs it under Triton's interpreter (``TRITON_INTERPRET=1``) at toy
+   sizes (length 17, head size 16, chains of 2). Each row of the eager and triton routes is
+   printed beside ``studies.triton_cost``'s prediction, scaled to the row's own vanilla step
+   and peak memory (measured / predicted).
 
 Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 0,
-part 1 or the triton route's precision fails. ``--smoke`` runs the same code on CPU at toy
+part 1 or the triton route's precision (evaluation or training) fails. ``--smoke`` runs the same code on CPU at toy
 sizes (the default test suite runs its precision part; the whole smoke run is under
 ``-m slow``).
 
@@ -50,6 +57,7 @@ import json
 import math
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -60,7 +68,7 @@ import torch
 from realformer_fairseq.atomic_files import write_json_atomic
 from realformer_fairseq.settings import TRITON_INSTALL, triton_installed
 
-from . import concat_rule, route_precision
+from . import concat_rule, route_precision, triton_cost
 from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
 from .bench_models import Bench, dummy_dictionary, make_batch, quiet_route_logs
 from .runs import BIN, DEFAULT_DATA, REPO_ROOT, user_dir
@@ -82,7 +90,11 @@ FULL = dict(
                 rule_heads=8, rule_head_dim=64, precision_length=64,
                 triton=dict(lengths=(32, 128, 512, 2048),
                             variants=("vanilla", "realformer_eager", "realformer_triton"),
-                            precision_length=64, precision_dtypes=("float32", "fp16", "bf16"))),
+                            precision_length=64, precision_dtypes=("float32", "fp16", "bf16"),
+                            # in training, with attention dropout, at lengths that are no
+                            # multiple of a block size, head size 64, chains of 6, run twice
+                            training=dict(lengths=(337, 811), dtypes=("fp16", "bf16"),
+                                          dropout=0.1, embed=256, depth=6))),
 )  # fmt: skip
 SMOKE = dict(
     FULL, corpora=("newstest2013",), max_lines=600, bpe_merges=100, max_update=20,
@@ -101,7 +113,10 @@ SMOKE = dict(
                 rule_head_dim=16, precision_length=8,
                 triton=dict(lengths=(16,),
                             variants=("vanilla", "realformer_eager", "realformer_triton"),
-                            precision_length=8, precision_dtypes=("float32",))),
+                            precision_length=8, precision_dtypes=("float32",),
+                            # the interpreter: two blocks of 16, head size 16, chains of 2
+                            training=dict(lengths=(17,), dtypes=("fp16", "bf16"), dropout=0.1,
+                                          embed=64, depth=2))),
 )  # fmt: skip
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -249,11 +264,49 @@ def speed_part(cfg, part=None, generation: bool = True) -> dict:
                             "peak_memory": memory[v] / memory[base],
                         }
                 row["kernels"] = route_kernels(benches)
+                row["predicted"] = predicted(cfg, sizes, length, row)
                 rows[f"{size_name} {dtype_name} len{length}"] = row
             del benches
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
     return rows
+
+
+# the variants whose residual attention route studies.triton_cost models
+PREDICTED = {"realformer_eager": "eager", "realformer_triton": "triton"}
+
+
+def device_name(device: str) -> str:
+    return torch.cuda.get_device_name(device) if device.startswith("cuda") else device
+
+
+def predicted(cfg, sizes, length: int, row) -> dict:
+    """What ``studies.triton_cost`` predicts for the row's modelled variants (the eager and
+    triton routes) against ``vanilla``, scaled to this row's own vanilla step and peak memory,
+    beside what was measured: ``{"gpu": ceilings used, variant: {...}}``; {} without them."""
+    wanted = [v for v in PREDICTED if v in row["train_wps"]]
+    if cfg["baseline"] != "vanilla" or not wanted:
+        return {}
+    gpu_name, gpu = triton_cost.gpu_for(device_name(cfg["device"]))
+    tokens = row["batch_sentences"] * length
+    step = tokens / statistics.median(row["train_wps"]["vanilla"])
+    out = {"gpu": gpu_name}
+    for v in wanted:
+        p = triton_cost.predict_against(
+            PREDICTED[v], dict(sizes, vocab=cfg["vocab"]), length, cfg["batch_tokens"], gpu,
+            step, row["peak_memory_bytes"]["vanilla"],
+        )  # fmt: skip
+        measured = row["ratios"][f"{v}/vanilla"]
+        out[v] = {
+            "predicted_speed": p["speed"],
+            "predicted_memory": p["memory"],
+            "measured_over_predicted_speed": measured["train_wps"] / p["speed"],
+            "measured_over_predicted_memory": measured["peak_memory"] / p["memory"],
+            "predicted_extra_step_ms": p["extra_step_ms"],
+            "measured_extra_step_ms": 1e3
+            * (tokens / statistics.median(row["train_wps"][v]) - step),
+        }
+    return out
 
 
 def route_kernels(benches) -> dict:
@@ -298,12 +351,42 @@ def triton_part(cfg) -> dict:
         print(line, flush=True)
         return {"skipped": line}
     part = dict(cfg["routes"], **cfg["routes"]["triton"])
+    training = part["training"]
     return {
         "models": speed_part(cfg, part, generation=False),
         "precision": route_precision.triton_check(
             cfg["device"], list(part["precision_dtypes"]), part["precision_length"]
         ),
+        "training_precision": route_precision.triton_training_check(
+            cfg["device"], list(training["dtypes"]), tuple(training["lengths"]),
+            training["dropout"], training["embed"], training["depth"],
+        ),  # fmt: skip
     }
+
+
+def print_predictions(routes: dict):
+    """Part 4's measured ratios beside ``studies.triton_cost``'s predictions, per row."""
+    rows = [(f"routes {n}", r) for n, r in routes.get("models", {}).items()]
+    rows += [(f"triton {n}", r) for n, r in routes.get("triton", {}).get("models", {}).items()]
+    rows = [(n, r) for n, r in rows if r.get("predicted")]
+    if not rows:
+        return
+    print(f"measured / predicted (studies.triton_cost, {rows[0][1]['predicted']['gpu']} ceilings, "
+          "scaled to the row's vanilla step and peak):")  # fmt: skip
+    print("| size, dtype, length | ratio | train words/s: measured / predicted | peak memory: "
+          "measured / predicted | step ms over vanilla: measured / predicted |")  # fmt: skip
+    print("|---|---|---|---|---|")
+    for name, row in rows:
+        for v in PREDICTED:
+            if v not in row["predicted"]:
+                continue
+            p, m = row["predicted"][v], row["ratios"][f"{v}/vanilla"]
+            print(
+                f"| {name} | {v}/vanilla | {m['train_wps']:.3f} / {p['predicted_speed']:.3f} = "
+                f"{p['measured_over_predicted_speed']:.2f} | {m['peak_memory']:.2f} / "
+                f"{p['predicted_memory']:.2f} = {p['measured_over_predicted_memory']:.2f} | "
+                f"{p['measured_extra_step_ms']:.1f} / {p['predicted_extra_step_ms']:.1f} |"
+            )
 
 
 def main(argv=None) -> int:
@@ -351,6 +434,7 @@ def main(argv=None) -> int:
     for name, row in routes.get("triton", {}).get("models", {}).items():
         for key, r in row["ratios"].items():
             print(f"| triton {name} | {key} | {r['train_wps']:.3f} | {r['peak_memory']:.3f} | - |")
+    print_predictions(routes)
     for name, rows in routes.get("rule", {}).items():
         for r in rows:
             ratios = ", ".join(f"D={d}: {x:.2f}" for d, x in r["time_ratio_vs_eager"].items())
@@ -361,11 +445,16 @@ def main(argv=None) -> int:
     triton = routes.get("triton", {})
     if "precision" in triton:
         print("\n".join(route_precision.triton_summary_lines(triton["precision"])))
+    if "training_precision" in triton:
+        lines = route_precision.triton_training_summary_lines(triton["training_precision"])
+        print("\n".join(lines))
     checks = dict(report.get("training", {}).get("checks", {}))
     if "precision" in report:
         checks["precision_of_both_routes_on_every_kernel"] = report["precision"]["passed"]
     if "precision" in triton:
         checks["precision_of_the_triton_route"] = triton["precision"]["passed"]
+    if "training_precision" in triton:
+        checks["precision_of_the_triton_route_in_training"] = triton["training_precision"]["passed"]
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'} {name}")
     print(f"wrote {args.out} in {report['wall_seconds']:.0f}s")

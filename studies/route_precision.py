@@ -29,7 +29,7 @@ usage (from the repository root):
 import argparse
 import json
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -64,20 +64,24 @@ def padding_mask(length: int) -> torch.Tensor:
     return pad
 
 
-def layer_of(route: str, case: str) -> RealformerMultiheadAttention:
-    kwargs = dict(residual_attention_mode="mean")
+def layer_of(
+    route: str, case: str, embed: int = EMBED, dropout: float = 0.0
+) -> RealformerMultiheadAttention:
+    """One layer of ``route`` for ``case``, ``HEADS`` heads of ``embed / HEADS``, attention
+    dropout ``dropout``."""
+    kwargs = dict(residual_attention_mode="mean", dropout=dropout)
     if case == "cross-attention":
-        kwargs.update(kdim=EMBED, vdim=EMBED, encoder_decoder_attention=True)
+        kwargs.update(kdim=embed, vdim=embed, encoder_decoder_attention=True)
     else:
         kwargs.update(self_attention=True)
     if route == "eager":
-        return RealformerMultiheadAttention(EMBED, HEADS, **kwargs)
+        return RealformerMultiheadAttention(embed, HEADS, **kwargs)
     if route == "triton":  # imported here: the module's kernels need the optional triton
         from realformer_fairseq.modules.triton_route import TritonRealformerMultiheadAttention
 
-        return TritonRealformerMultiheadAttention(EMBED, HEADS, **kwargs)
+        return TritonRealformerMultiheadAttention(embed, HEADS, **kwargs)
     return ConcatRealformerMultiheadAttention(
-        EMBED, HEADS, residual_attention_impl="concat", **kwargs
+        embed, HEADS, residual_attention_impl="concat", **kwargs
     )
 
 
@@ -96,16 +100,16 @@ def run_chain(layers, query, keys, attn_mask, padding) -> torch.Tensor:
     return x
 
 
-def inputs(case: str, length: int):
-    """query (tgt, 4, EMBED), keys (src, 4, EMBED) or None, attn mask or None, padding, float64."""
+def inputs(case: str, length: int, embed: int = EMBED):
+    """query (tgt, 4, embed), keys (src, 4, embed) or None, attn mask or None, padding, float64."""
     gen = torch.Generator().manual_seed(1)
     pad = padding_mask(length)
     if case == "cross-attention":
         tgt = length // 2 + 1
-        query = torch.randn(tgt, len(SEQUENCES), EMBED, generator=gen, dtype=torch.float64)
-        keys = torch.randn(length, len(SEQUENCES), EMBED, generator=gen, dtype=torch.float64)
+        query = torch.randn(tgt, len(SEQUENCES), embed, generator=gen, dtype=torch.float64)
+        keys = torch.randn(length, len(SEQUENCES), embed, generator=gen, dtype=torch.float64)
         return query, keys, None, pad
-    query = torch.randn(length, len(SEQUENCES), EMBED, generator=gen, dtype=torch.float64)
+    query = torch.randn(length, len(SEQUENCES), embed, generator=gen, dtype=torch.float64)
     causal = None
     if case.startswith("decoder"):
         causal = torch.triu(torch.full((length, length), float("-inf"), dtype=torch.float64), 1)
@@ -193,6 +197,15 @@ def batch_relative_errors(out: torch.Tensor, truth: torch.Tensor) -> Dict[str, f
     return errors
 
 
+def gradient_errors(grads, truth_grads) -> Dict[str, float]:
+    """Per sequence: the largest :func:`batch_relative_errors` over the inputs' gradients."""
+    gradient = {s: 0.0 for s in SEQUENCES}
+    for got, want in zip(grads, truth_grads):
+        for s, e in batch_relative_errors(got, want).items():
+            gradient[s] = max(gradient[s], e)
+    return gradient
+
+
 def triton_check(
     device: str = "cpu", dtype_names: Optional[List[str]] = None, length: int = 16
 ) -> Dict:
@@ -218,10 +231,7 @@ def triton_check(
             args = [None if t is None else t.to(device=device, dtype=dtype)
                     for t in (query, keys, attn_mask)]  # fmt: skip
             out, grads = chain_and_gradients(layers, *args, pad.to(device))
-            gradient = {s: 0.0 for s in SEQUENCES}
-            for got, want in zip(grads, truth_grads):
-                for s, e in batch_relative_errors(got, want).items():
-                    gradient[s] = max(gradient[s], e)
+            gradient = gradient_errors(grads, truth_grads)
             ran = sorted({layer.last_kernel for layer in layers})
             rows[case] = dict(output=relative_errors(out, truth), gradient=gradient, ran=ran)
             errors = list(rows[case]["output"].values()) + list(gradient.values())
@@ -229,6 +239,128 @@ def triton_check(
         report["dtypes"][dtype_name] = rows
     report["passed"] = bool(passed)
     return report
+
+
+# the triton route in training (issue 53): head size 64 (gpu_check's 6L-6L d512), attention
+# dropout, and the torch seed each of the two runs starts from
+TRAINING_EMBED, TRAINING_DROPOUT, TRAINING_SEED = 4 * 64, 0.1, 3
+
+
+def with_dropout_masks(layers, keeps, p: float):
+    """The eager layers drop with the given masks (True = kept), one per layer, scaled by
+    1 / (1 - p) as the kernels and ``F.dropout`` scale: eager attention with the kernels' draw."""
+    for layer, keep in zip(layers, keeps):
+        layer.dropout_module.forward = lambda x, keep=keep: x * keep.to(x.dtype) / (1 - p)
+    return layers
+
+
+def triton_training_check(
+    device: str = "cpu",
+    dtype_names: Optional[List[str]] = None,
+    lengths: Tuple[int, ...] = (337, 811),
+    dropout: float = TRAINING_DROPOUT,
+    embed: int = TRAINING_EMBED,
+    depth: int = LAYERS,
+) -> Dict:
+    """The triton route in training mode with attention dropout, at lengths that are no
+    multiple of any block size (several query and key blocks, ragged last ones: the softmax's
+    rescaling across key blocks, dq's accumulation, the dropout mask), ``HEADS`` heads of
+    ``embed / HEADS`` (64 by default, as gpu_check's model; the interpreter's smoke run takes
+    16), chains of ``depth`` layers (6; the smoke run 2) in the shapes and sequences of
+    :func:`check`: per length, case and dtype, the output and input-gradient
+    errors against the eager route in float64 with the same dropout masks, and the largest
+    difference between two runs from the same seed (``run_to_run``: 0.0 where the route is
+    deterministic). ``passed``: every error within the dtype's tolerance, every layer on the
+    kernel, the two runs identical, and the dropout visible (the float64 truth with the masks
+    differs from the one without by more than twice the tolerance, so that a wrong mask cannot
+    pass).
+
+    The masks: each layer's kernel call draws one seed (``draw_dropout_seed``, torch's CPU
+    generator) and draws its mask from it; ``dropout_keep_mask(seed, ...)`` is that mask. The
+    seeds are replayed from ``TRAINING_SEED`` in the order the chain's layers call the kernel.
+    Needs triton; on CPU tensors, Triton's interpreter (``TRITON_INTERPRET=1``)."""
+    from realformer_fairseq.modules.triton_route import kernel_module
+
+    kernels = kernel_module()
+    report: Dict = {"device": device, "lengths": list(lengths), "dropout": dropout,
+                    "head_size": embed // HEADS, "layers": depth, "tolerance": TOLERANCE,
+                    "dtypes": {}}  # fmt: skip
+    passed = True
+    dtype_names = dtype_names or ["fp16", "bf16"]
+    for length in lengths:
+        for case in CASES:
+            torch.manual_seed(0)
+            reference = [layer_of("eager", case, embed, dropout).double() for _ in range(depth)]
+            query, keys, attn_mask, pad = inputs(case, length, embed)
+            tgt, src = query.size(0), (keys if keys is not None else query).size(0)
+            torch.manual_seed(TRAINING_SEED)
+            seeds = [kernels.draw_dropout_seed() for _ in range(depth)]
+            keeps = [
+                kernels.dropout_keep_mask(s, len(SEQUENCES) * HEADS, tgt, src, dropout, device)
+                for s in seeds
+            ]
+            on_device = [None if t is None else t.to(device) for t in (query, keys, attn_mask)]
+            reference = [m.to(device).eval() for m in reference]  # eval: no dropout
+            plain = chain_and_gradients(reference, *on_device, pad.to(device))[0].cpu()
+            with_dropout_masks(reference, keeps, dropout)  # the kernels' masks, in any mode
+            truth, truth_grads = chain_and_gradients(reference, *on_device, pad.to(device))
+            truth, truth_grads = truth.cpu(), [g.cpu() for g in truth_grads]
+            dropped = max(relative_errors(plain, truth).values())
+            for dtype_name in dtype_names:
+                dtype, tol = DTYPES[dtype_name], TOLERANCE[dtype_name]
+                layers = []
+                for ref in reference:
+                    m = layer_of("triton", case, embed, dropout)
+                    m.load_state_dict(ref.state_dict())
+                    layers.append(m.to(device=device, dtype=dtype).train())
+                args = [None if t is None else t.to(dtype) for t in on_device]
+                runs = []
+                for _ in range(2):
+                    torch.manual_seed(TRAINING_SEED)
+                    runs.append(chain_and_gradients(layers, *args, pad.to(device)))
+                (out, grads), (again, grads_again) = runs
+                gradient = gradient_errors(grads, truth_grads)
+                run_to_run = max(
+                    (a.double() - b.double()).abs().max().item()
+                    for a, b in zip([out] + grads, [again] + grads_again)
+                )
+                ran = sorted({layer.last_kernel for layer in layers})
+                row = dict(output=relative_errors(out, truth), gradient=gradient, ran=ran,
+                           run_to_run=run_to_run, dropout_effect=dropped)  # fmt: skip
+                errors = list(row["output"].values()) + list(gradient.values())
+                passed &= (
+                    all(e <= tol for e in errors)
+                    and ran == ["fused Triton kernel"]
+                    and run_to_run == 0.0
+                    and dropped > 2 * tol
+                )
+                report["dtypes"].setdefault(dtype_name, {})[f"{case}, length {length}"] = row
+    report["passed"] = bool(passed)
+    return report
+
+
+def triton_training_summary_lines(report: Dict) -> List[str]:
+    """One line per dtype: the largest errors in training, the run-to-run difference."""
+    lines = []
+    for dtype_name, cases in report["dtypes"].items():
+        tol = report["tolerance"][dtype_name]
+        output = max(e for c in cases.values() for e in c["output"].values())
+        gradient = max(e for c in cases.values() for e in c["gradient"].values())
+        run_to_run = max(c["run_to_run"] for c in cases.values())
+        effect = min(c["dropout_effect"] for c in cases.values())
+        ran = sorted({k for c in cases.values() for k in c["ran"]})
+        ok = (
+            output <= tol and gradient <= tol and run_to_run == 0.0 and effect > 2 * tol
+            and ran == ["fused Triton kernel"]
+        )  # fmt: skip
+        lines.append(
+            f"{'PASS' if ok else 'FAIL'} precision {dtype_name} triton route in training "
+            f"(lengths {', '.join(map(str, report['lengths']))}, attention dropout "
+            f"{report['dropout']:g}, tolerance {tol:g}): output {output:.1e}, input gradients "
+            f"{gradient:.1e}, run to run {run_to_run:.1e} (must be 0), dropout changes the "
+            f"output by {effect:.2f}; ran: {'; '.join(ran)}"
+        )
+    return lines
 
 
 def triton_summary_lines(report: Dict) -> List[str]:

@@ -159,6 +159,34 @@ def test_routes_part_measures_the_three_routes(monkeypatch, capsys):
             "eager, because the attention probabilities are asked for (need_weights)",
             "fused SDPA, flash",
         ], name
+        # studies.triton_cost's prediction beside the measurement, scaled to this row's own
+        # vanilla (CPU: the H100's ceilings, said so); the eager route modelled, the others not
+        predicted = row["predicted"]
+        assert set(predicted) == {"gpu", "realformer_eager"}, name
+        assert predicted["gpu"] == "H100 SXM (assumed for cpu)"
+        eager, measured = predicted["realformer_eager"], row["ratios"]["realformer_eager/vanilla"]
+        assert (
+            eager["measured_over_predicted_speed"]
+            == measured["train_wps"] / eager["predicted_speed"]
+        )
+        assert (
+            eager["measured_over_predicted_memory"]
+            == measured["peak_memory"] / eager["predicted_memory"]
+        )
+        assert 0 < eager["predicted_speed"] < 1 < eager["predicted_memory"], (name, eager)
+    gpu_check.print_predictions(result)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("measured / predicted (studies.triton_cost, H100 SXM (assumed")
+    assert len(lines) == 3 + 4  # the header, a row per dtype and length
+    row = rows["2L-2L d32 fp16 len8"]
+    r, pr = row["ratios"]["realformer_eager/vanilla"], row["predicted"]["realformer_eager"]
+    assert lines[3] == (
+        f"| routes 2L-2L d32 fp16 len8 | realformer_eager/vanilla | {r['train_wps']:.3f} / "
+        f"{pr['predicted_speed']:.3f} = {pr['measured_over_predicted_speed']:.2f} | "
+        f"{r['peak_memory']:.2f} / {pr['predicted_memory']:.2f} = "
+        f"{pr['measured_over_predicted_memory']:.2f} | {pr['measured_extra_step_ms']:.1f} / "
+        f"{pr['predicted_extra_step_ms']:.1f} |"
+    )
     for name, rule_rows in result["rule"].items():
         assert [r["length"] for r in rule_rows] == [8, 16], name
         for r in rule_rows:
@@ -172,9 +200,10 @@ def test_routes_part_measures_the_three_routes(monkeypatch, capsys):
 )
 def test_triton_part_measures_the_triton_route_and_its_precision():
     """Part 4's triton route at smoke sizes, its kernels under Triton's interpreter: speed and
-    memory rows against vanilla and the eager route, fp16 and bf16; the kernel ran in every
-    residual attention but the alignment layer's cross-attention (its probabilities are
-    asked for); the float32 errors against float64 eager within the tolerance."""
+    memory rows against vanilla and the eager route, fp16 and bf16, with studies.triton_cost's
+    predictions; the kernel ran in every residual attention but the alignment layer's
+    cross-attention (its probabilities are asked for); the float32 errors against float64
+    eager within the tolerance; and the part in training (dropout, run twice)."""
     result = gpu_check.triton_part(gpu_check.SMOKE)
     rows = result["models"]
     assert set(rows) == {f"2L-2L d32 {d} len16" for d in ("fp16", "bf16")}
@@ -186,8 +215,27 @@ def test_triton_part_measures_the_triton_route_and_its_precision():
             "eager, because the attention probabilities are asked for (need_weights)",
             "fused Triton kernel",
         ], name
+        assert set(row["predicted"]) == {"gpu", "realformer_eager", "realformer_triton"}
     precision = result["precision"]
     assert precision["passed"] and set(precision["dtypes"]) == {"float32"}
     for case in precision["dtypes"]["float32"].values():
         assert case["ran"] == ["fused Triton kernel"]
         assert max(case["output"].values()) < 1e-4 and max(case["gradient"].values()) < 1e-4
+    # in training: attention dropout 0.1, 17 tokens (two blocks of 16 in the interpreter, the
+    # last ragged), fp16 and bf16, against float64 eager with the kernels' own masks; two runs
+    # from one seed identical; the masks visibly drop (a wrong mask would be off by as much)
+    training = result["training_precision"]
+    assert training["passed"] and (training["lengths"], training["dropout"]) == ([17], 0.1)
+    assert (training["head_size"], training["layers"]) == (16, 2)
+    assert set(training["dtypes"]) == {"fp16", "bf16"}
+    for dtype, tol in (("fp16", 1e-2), ("bf16", 5e-2)):
+        cases = training["dtypes"][dtype]
+        assert set(cases) == {
+            "decoder self-attention (causal), length 17",
+            "encoder self-attention, length 17",
+            "cross-attention, length 17",
+        }
+        for name, case in cases.items():
+            assert case["ran"] == ["fused Triton kernel"] and case["run_to_run"] == 0.0, name
+            assert max(case["output"].values()) < tol and max(case["gradient"].values()) < tol
+            assert case["dropout_effect"] > 0.1, name

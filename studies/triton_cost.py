@@ -1,0 +1,803 @@
+#!/usr/bin/env python
+"""What the triton route should cost on an H100 and an H200, written before a GPU has run it.
+
+He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747): layer ``l``
+of a chain attends with ``softmax(S_l / (l + 1) + mask)``, ``S_l = S_{l-1} + Q_l K_l^T``, and
+hands the float32 stream ``S_l`` on. Three ways of running one attention layer of the 6L-6L
+d512 model that ``studies.gpu_check`` measures (8192-token batches, 8 heads of 64, three chains
+of 6 layers: encoder self-attention, causal decoder self-attention, cross-attention; the last
+decoder layer's cross-attention returns its probabilities, fairseq's alignment layer):
+
+* ``eager``: the eager route (``RealformerMultiheadAttention._eager_route``), kernel by kernel
+  as PyTorch runs it: ``q k^T`` in fp16, a float32 copy, the stream added in place, the running
+  mean's division, the mask, the softmax, an fp16 copy, ``P V``, and each of their backwards.
+  Autograd keeps the float32 softmax output and the fp16 probabilities (6 bytes per score).
+* ``triton``: the fused kernel as issue 53 designs it: one forward reading ``q, k, v`` and the
+  previous float32 stream, writing the new stream, the output and the row statistics; causal
+  blocks above the diagonal skipped (decoder self-attention, mask made from the indices); a
+  backward of three kernels: a ``delta`` pre-pass, a key-block pass (``dk``, ``dv`` and the
+  stream gradient handed down) and a query-block pass for ``dq`` without atomics (both read the
+  stream and the incoming stream gradient; nothing of ``q k^T`` is recomputed: the stream holds
+  it). It keeps the float32 stream (4 bytes per score). Attention dropout from Philox with
+  ``elements_per_philox`` mask elements per call. The alignment layer runs the eager route.
+* ``fused``: fairseq's ``transformer`` on a GPU: ``F.multi_head_attention_forward`` hands
+  ``scaled_dot_product_attention`` an additive mask (key padding merged in, the causal mask as
+  a tensor, never ``is_causal``), so flash is out; on the H200 with torch 2.11 SDPA picked cuDNN
+  (gpu_check's concat route reported it), and cuDNN's SDPA takes the bias fully materialised
+  (pytorch/pytorch#130482 / #136885): modelled as a flash-style kernel (no causal skipping)
+  that writes, reads in forward and in backward, and keeps a (bsz*heads, T, S) fp16 bias. The
+  alignment layer runs PyTorch's math path (``baddbmm``, softmax, ``bmm``; keeps fp16
+  probabilities).
+
+Each kernel's time is a roofline with a floor: ``max(launch floor, bytes / bandwidth, FLOPs /
+tensor rate, exponentials / special-function rate, integer operations / integer rate)``,
+summed over the kernels of a layer (kernels run one after another; within one, loads, matrix
+products and the softmax overlap). The launch floor is the host-side cost of one launch (a
+PyTorch op, or Triton's Python launcher), stated below: fairseq's training step on the H200
+ran at about a tenth of its roofline, so launches are not free. Bytes count what a kernel
+reads and writes in device memory once (``K``/``V`` tiles that several query blocks read are
+taken to hit the L2: one head's keys and values are at most 512 KB here, the L2 50-60 MB).
+
+Model level: the speed ratio of a route against ``fused`` is ``step / (step - fused attention
++ route attention)``, for two steps: the roofline of the whole step (GEMMs, elementwise
+passes, loss, Adam; no launch floors: the pessimistic bound, where attention weighs most) and
+the vanilla step measured on the H200 (``docs/benchmarks/gpu_check_h200.json``, same model
+and batch; launch-bound). Peak memory is ``A + sum of what each layer keeps for backward + the
+largest backward transient of one layer``, ``A`` the rest of the step, taken from the H200's
+measured vanilla peak at 128 tokens minus this model's vanilla attention at 128 tokens.
+``studies.gpu_check`` calls :func:`predict_against` with its own measured vanilla step and
+peak, and prints measured / predicted per row.
+
+usage (from the repository root; no GPU, no triton):
+    python -m studies.triton_cost                   # -> docs/benchmarks/triton_cost.json
+    python -m studies.triton_cost --json /tmp/cost.json
+"""
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from .runs import REPO_ROOT, write_json
+from .tables import md_table
+
+# the model and batch of studies.gpu_check's routes part (FULL["routes"]: 6L-6L d512, 8192
+# target tokens a batch, sources and targets of the same length) and fairseq's --arch
+# transformer defaults it runs with (attention dropout 0, 8000-word shared dictionary)
+MODEL = dict(enc_layers=6, dec_layers=6, width=512, ffn=2048, heads=8, vocab=8000)
+BATCH_TOKENS = 8192
+LENGTHS = (32, 128, 512, 2048)
+ROUTES = ("fused", "eager", "triton", "triton_dq_from_gradient")
+FP16 = 2  # bytes of an fp16 / bf16 element
+F32 = 4  # the stream, the softmax in float32, row statistics
+
+# Ceilings. Bandwidth and dense fp16 matrix rate: what KINDS.md (/work/.library/device, the
+# workplace's record of the lent machines) measured on them (device-to-device copy counting
+# bytes read and written; an 8192^3 bf16 matrix product on random data), the datasheet
+# figures beside them (NVIDIA H100 / H200 datasheets, SXM: 3.35 / 4.8 TB/s, 989 TFLOP/s dense
+# fp16/bf16). Special functions (exp2): 16 per SM per clock, 3.9 T/s on an H100 SXM
+# (FlashAttention-3, Shah et al. 2024, arXiv 2407.08608, section 1); integer: 64 32-bit
+# operations per SM per clock (CUDA C++ Programming Guide, arithmetic instructions, 9.0), 132
+# SMs at 1.83 GHz. The H200 is the same chip: the same compute, faster memory.
+GPUS = {
+    "H100 SXM": dict(
+        bandwidth=3.0e12,
+        tensor_flops=798e12,
+        exp_rate=3.9e12,
+        int_rate=15.5e12,
+        datasheet_bandwidth=3.35e12,
+        datasheet_tensor_flops=989e12,
+    ),
+    "H200": dict(
+        bandwidth=4.3e12,
+        tensor_flops=788e12,
+        exp_rate=3.9e12,
+        int_rate=15.5e12,
+        datasheet_bandwidth=4.8e12,
+        datasheet_tensor_flops=989e12,
+    ),
+}
+# host-side floor of one launch: a PyTorch op through the dispatcher (about 5 us), a Triton
+# kernel through its Python launcher and the autograd function around it (about 15 us);
+# assumed figures, to be checked by the first GPU run (gpu_check prints measured / predicted)
+LAUNCH_FLOOR_S = {"torch": 5e-6, "triton": 15e-6}
+# Philox4x32-10: about 64 integer instructions a call (10 rounds of two 32-bit multiplies with
+# their high halves, xors and key bumps: issue 53's count of the SASS)
+PHILOX_OPS = 64
+# the elementwise work of the rest of the step, per token: reads and writes of a d-wide fp16
+# vector per sublayer (bias, dropout and its mask, residual, ADMIN's scale, LayerNorm;
+# forward and backward) and of the FFN's hidden vector (bias, ReLU, dropout); Adam with fp32
+# master weights, per parameter (fp16 weight and gradient, fp32 gradient copy, master, two
+# moments); the loss, per logit (fp16 logits, float32 log-softmax, label smoothing, backward)
+PASSES_PER_SUBLAYER = 36
+FFN_HIDDEN_PASSES = 12
+ADAM_BYTES_PER_PARAM = 36
+LOSS_BYTES_PER_LOGIT = 16
+H200_MEASURED = REPO_ROOT / "docs" / "benchmarks" / "gpu_check_h200.json"
+# the issue's targets against fused (fairseq's transformer), per length
+TARGETS = {32: (0.97, 1.10), 128: (0.97, 1.10), 512: (0.95, 1.25), 2048: (0.8, None)}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One launch: bytes read and written in device memory, matrix FLOPs, exponentials,
+    integer operations, and which launcher starts it."""
+
+    name: str
+    read: float
+    written: float
+    flops: float = 0.0
+    exps: float = 0.0
+    int_ops: float = 0.0
+    launcher: str = "torch"
+
+    def seconds(self, gpu: Dict) -> float:
+        return max(
+            LAUNCH_FLOOR_S[self.launcher],
+            (self.read + self.written) / gpu["bandwidth"],
+            self.flops / gpu["tensor_flops"],
+            self.exps / gpu["exp_rate"],
+            self.int_ops / gpu["int_rate"],
+        )
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One attention layer of a chain: ``bh`` = batch x heads, ``tgt`` queries, ``src`` keys."""
+
+    chain: str
+    index: int
+    chain_layers: int
+    bh: int
+    tgt: int
+    src: int
+    head_dim: int
+    heads: int
+    causal: bool
+    key_padding: bool
+    need_weights: bool = False
+
+    @property
+    def scores(self) -> int:
+        return self.bh * self.tgt * self.src
+
+    @property
+    def has_prev(self) -> bool:
+        return self.index > 0
+
+    @property
+    def has_next(self) -> bool:
+        return self.index < self.chain_layers - 1
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    forward: Tuple[Kernel, ...]
+    backward: Tuple[Kernel, ...]
+    kept: float  # bytes of score-sized tensors kept from forward to backward
+    transient: float  # bytes of score-sized tensors alive at once in this layer's backward
+
+
+def chain_layers(model: Dict, length: int, batch_tokens: int) -> List[Layer]:
+    """The attention layers of one training step, chain by chain (the running mean; sources
+    left padded, targets not, as ``bench_models.make_batch``)."""
+    bsz = max(1, batch_tokens // length)
+    bh, d = bsz * model["heads"], model["width"] // model["heads"]
+    layers = []
+    for chain, count, causal, padding in (
+        ("encoder self-attention", model["enc_layers"], False, True),
+        ("decoder self-attention", model["dec_layers"], True, False),
+        ("cross-attention", model["dec_layers"], False, True),
+    ):
+        for i in range(count):
+            alignment = chain == "cross-attention" and i == count - 1  # fairseq's need_attn
+            layers.append(
+                Layer(
+                    chain,
+                    i,
+                    count,
+                    bh,
+                    length,
+                    length,
+                    d,
+                    model["heads"],
+                    causal,
+                    padding,
+                    alignment,
+                )
+            )
+    return layers
+
+
+def block_fraction(tgt: int, src: int, block_m: int, block_n: int, causal: bool) -> float:
+    """Tiles a kernel computes, padding included, over ``tgt * src``: every tile, or those
+    at or below the diagonal for a causal chain."""
+    rows, cols = -(-tgt // block_m), -(-src // block_n)
+    if causal:
+        tiles = sum(min(cols, -(-min(tgt, (i + 1) * block_m) // block_n)) for i in range(rows))
+    else:
+        tiles = rows * cols
+    return tiles * block_m * block_n / (tgt * src)
+
+
+def design_blocks(length: int) -> Tuple[Tuple[int, int], Tuple[int, int]]:
+    """The design's (block_m, block_n) for forward and backward: 128 x 64 and 64 x 64, no
+    block larger than the sequence (a 32-token batch gets 32-query blocks)."""
+    fit = max(16, 1 << (length - 1).bit_length())
+    return (min(128, fit), min(64, fit)), (min(64, fit), min(64, fit))
+
+
+def qkvo_bytes(layer: Layer) -> Tuple[float, float]:
+    """fp16 bytes of the queries (or output) and of the keys (or values) of a layer."""
+    return (
+        layer.bh * layer.tgt * layer.head_dim * FP16,
+        layer.bh * layer.src * layer.head_dim * FP16,
+    )
+
+
+def eager_cost(layer: Layer, dropout: float = 0.0) -> LayerCost:
+    """The eager route's kernels (``_raw_scores``, ``_add_to_stream``, ``_attend_stream``)."""
+    n, d = layer.scores, layer.head_dim
+    q, kv = qkvo_bytes(layer)
+    mask = layer.tgt * layer.src
+    fwd = [
+        Kernel("q k^T (bmm, fp16)", q + kv, FP16 * n, 2 * n * d),
+        Kernel("to float32", FP16 * n, F32 * n),
+    ]
+    bwd = []
+    if layer.has_prev:
+        fwd.append(Kernel("stream += previous (add_)", 2 * F32 * n, F32 * n))
+        fwd.append(Kernel("/ (layer + 1) (running mean)", F32 * n, F32 * n))
+        bwd.append(Kernel("/ (layer + 1) backward", F32 * n, F32 * n))
+    if layer.causal:
+        fwd.append(Kernel("mask to float32, clamp", FP16 * mask + F32 * mask, 2 * F32 * mask))
+        fwd.append(Kernel("+ mask", F32 * n + F32 * mask, F32 * n))
+    if layer.key_padding:
+        fwd.append(Kernel("masked_fill (key padding)", F32 * n, F32 * n))
+        bwd.append(Kernel("masked_fill backward", F32 * n, F32 * n))
+    fwd.append(Kernel("softmax", F32 * n, F32 * n, exps=n))
+    fwd.append(Kernel("to fp16 (type_as)", F32 * n, FP16 * n))
+    if dropout > 0:  # F.dropout: curand Philox, four draws a call; keeps a bool mask
+        fwd.append(Kernel("dropout", FP16 * n, FP16 * n + n, int_ops=n * PHILOX_OPS / 4))
+        bwd.append(Kernel("dropout backward", FP16 * n + n, FP16 * n))
+    fwd.append(Kernel("P V (bmm)", FP16 * n + kv, q, 2 * n * d))
+    if layer.need_weights:
+        fwd.append(Kernel("mean of the heads' probabilities", F32 * n, F32 * n / layer.heads))
+    bwd += [
+        Kernel("dP = dO V^T (bmm)", q + kv, FP16 * n, 2 * n * d),
+        Kernel("dV = P^T dO (bmm)", FP16 * n + q, kv, 2 * n * d),
+        Kernel("type_as backward", FP16 * n, F32 * n),
+        Kernel("softmax backward", 2 * F32 * n, F32 * n),
+    ]
+    if layer.has_next:  # the stream feeds this softmax and the next layer: two gradients
+        bwd.append(Kernel("stream gradient sum", 2 * F32 * n, F32 * n))
+    bwd += [
+        Kernel("to float32 backward", F32 * n, FP16 * n),
+        Kernel("dQ = G K (bmm)", FP16 * n + kv, q, 2 * n * d),
+        Kernel("dK = G^T Q (bmm)", FP16 * n + q, kv, 2 * n * d),
+    ]
+    kept = (F32 + FP16 + (1 if dropout > 0 else 0)) * n
+    return LayerCost(tuple(fwd), tuple(bwd), kept, 3 * F32 * n)
+
+
+def triton_cost(
+    layer: Layer, dropout: float = 0.0, elements_per_philox: int = 4, dq_from_gradient: bool = False
+) -> LayerCost:
+    """Issue 53's fused kernels; the alignment layer (probabilities asked for) runs eager.
+    ``dq_from_gradient``: the variant whose key-block pass writes the stream's whole gradient
+    ``G`` (it is what it hands down anyway) and whose dq pass reads it (``dq = G K``: one
+    product, no stream, no incoming gradient, no exponentials) instead of recomputing it."""
+    if layer.need_weights:
+        return eager_cost(layer, dropout)
+    n, d = layer.scores, layer.head_dim
+    q, kv = qkvo_bytes(layer)
+    rows = layer.bh * layer.tgt * F32
+    (fm, fn), (bm, bn) = design_blocks(max(layer.tgt, layer.src))
+    f_fwd = block_fraction(layer.tgt, layer.src, fm, fn, layer.causal)
+    f_bwd = block_fraction(layer.tgt, layer.src, bm, bn, layer.causal)
+    stream_f = min(1.0, f_fwd) * n  # stream tiles read / written: the computed ones
+    stream_b = min(1.0, f_bwd) * n
+    philox = PHILOX_OPS / elements_per_philox if dropout > 0 else 0.0
+    prev = F32 * stream_f if layer.has_prev else 0.0
+    forward = Kernel(
+        "fused forward",
+        q + 2 * kv + prev,
+        F32 * stream_f + q + 2 * rows,
+        4 * d * f_fwd * n,
+        f_fwd * n,
+        philox * f_fwd * n,
+        "triton",
+    )
+    d_stream = F32 * stream_b if layer.has_next else 0.0
+    d_prev = F32 * stream_b if layer.has_prev or dq_from_gradient else 0.0
+    key_pass = Kernel(
+        "dK, dV, stream gradient (key blocks)",
+        2 * q + 2 * kv + 3 * rows + F32 * stream_b + d_stream,
+        2 * kv + d_prev,
+        6 * d * f_bwd * n,
+        f_bwd * n,
+        philox * f_bwd * n,
+        "triton",
+    )
+    if dq_from_gradient:
+        query_pass = Kernel(
+            "dQ = G K (query blocks, reads G)",
+            kv + F32 * stream_b,
+            q,
+            2 * d * f_bwd * n,
+            launcher="triton",
+        )
+    else:
+        query_pass = Kernel(
+            "dQ (query blocks, no atomics)",
+            2 * q + 2 * kv + 3 * rows + F32 * stream_b + d_stream,
+            q,
+            4 * d * f_bwd * n,
+            f_bwd * n,
+            philox * f_bwd * n,
+            "triton",
+        )
+    backward = (
+        Kernel("delta = rowsum(dO * O)", 2 * q, rows, launcher="triton"),
+        key_pass,
+        query_pass,
+    )
+    # kept: the whole stream (allocated T x S, also above a causal diagonal); in backward the
+    # incoming stream gradient and the one handed down are alive at once
+    transient = (F32 * n if layer.has_next else 0) + (d_prev and F32 * n)
+    return LayerCost((forward,), backward, F32 * n, transient)
+
+
+def fused_cost(layer: Layer, dropout: float = 0.0) -> LayerCost:
+    """fairseq's transformer: SDPA (cuDNN) with a materialised fp16 bias, or PyTorch's math
+    path for the alignment layer (``need_weights``)."""
+    n, d = layer.scores, layer.head_dim
+    q, kv = qkvo_bytes(layer)
+    rows = layer.bh * layer.tgt * F32
+    if layer.need_weights:
+        fwd = (
+            Kernel("baddbmm(mask, q, k^T)", q + kv, FP16 * n, 2 * n * d),
+            Kernel("softmax", FP16 * n, FP16 * n, exps=n),
+            Kernel("P V (bmm)", FP16 * n + kv, q, 2 * n * d),
+            Kernel("mean of the heads' probabilities", FP16 * n, FP16 * n / layer.heads),
+        )
+        bwd = (
+            Kernel("dP = dO V^T (bmm)", q + kv, FP16 * n, 2 * n * d),
+            Kernel("dV = P^T dO (bmm)", FP16 * n + q, kv, 2 * n * d),
+            Kernel("softmax backward", 2 * FP16 * n, FP16 * n),
+            Kernel("dQ = G K (bmm)", FP16 * n + kv, q, 2 * n * d),
+            Kernel("dK = G^T Q (bmm)", FP16 * n + q, kv, 2 * n * d),
+        )
+        return LayerCost(fwd, bwd, FP16 * n, 2 * FP16 * n)
+    philox = PHILOX_OPS / 4 if dropout > 0 else 0.0
+    fwd = (
+        Kernel("materialise the bias (bsz*heads, T, S)", 0.0, FP16 * n),
+        Kernel("SDPA forward (cuDNN)", q + 2 * kv + FP16 * n, q + rows, 4 * n * d, n, philox * n),
+    )
+    bwd = (
+        Kernel(
+            "SDPA backward (cuDNN)",
+            2 * q + 2 * kv + FP16 * n + rows,
+            q + 2 * kv,
+            10 * n * d,
+            n,
+            philox * n,
+        ),
+    )
+    return LayerCost(fwd, bwd, FP16 * n, 0.0)
+
+
+COSTS = {
+    "fused": fused_cost,
+    "eager": eager_cost,
+    "triton": triton_cost,
+    # a variant of the design, for comparison: dq from the written stream gradient
+    "triton_dq_from_gradient": lambda layer, dropout=0.0: triton_cost(
+        layer, dropout, dq_from_gradient=True
+    ),
+}
+
+
+def route_layers(route: str, model: Dict, length: int, batch_tokens: int, dropout: float = 0.0):
+    return [
+        (layer, COSTS[route](layer, dropout)) for layer in chain_layers(model, length, batch_tokens)
+    ]
+
+
+def totals(costs, gpu: Dict) -> Dict:
+    """Bytes, FLOPs and seconds of every layer of one step, forward and backward."""
+    out = {}
+    for phase in ("forward", "backward"):
+        kernels = [k for _, c in costs for k in getattr(c, phase)]
+        out[phase] = dict(
+            bytes=sum(k.read + k.written for k in kernels),
+            flops=sum(k.flops for k in kernels),
+            seconds=sum(k.seconds(gpu) for k in kernels),
+            launches=len(kernels),
+        )
+    out["by_chain_ms"] = {}
+    for layer, c in costs:
+        name = (
+            "alignment layer (cross-attention, need_weights)" if layer.need_weights else layer.chain
+        )
+        ms = 1e3 * sum(k.seconds(gpu) for k in c.forward + c.backward)
+        out["by_chain_ms"][name] = out["by_chain_ms"].get(name, 0.0) + ms
+    out["kept_bytes"] = sum(c.kept for _, c in costs)
+    out["transient_bytes"] = max(c.transient for _, c in costs)
+    out["seconds"] = out["forward"]["seconds"] + out["backward"]["seconds"]
+    return out
+
+
+def rest_of_step(model: Dict, length: int, batch_tokens: int, gpu: Dict) -> Dict:
+    """The roofline of everything but the attention cores: the projections and FFNs (GEMMs,
+    forward and 2 x in backward), their elementwise passes, the output layer and loss, Adam."""
+    d, f, v = model["width"], model["ffn"], model["vocab"]
+    tokens = max(1, batch_tokens // length) * length  # sources and targets alike
+    enc, dec = model["enc_layers"], model["dec_layers"]
+    linear = enc * (4 * d * d + 2 * d * f) + dec * (8 * d * d + 2 * d * f)
+    flops = 3 * 2 * tokens * (linear + d * v)  # forward 2, backward 4 per weight and token
+    sublayers = 2 * enc + 3 * dec
+    elementwise = tokens * (
+        sublayers * PASSES_PER_SUBLAYER * d + (enc + dec) * FFN_HIDDEN_PASSES * f
+    )
+    params = linear + d * v
+    moved = FP16 * elementwise + LOSS_BYTES_PER_LOGIT * tokens * v + ADAM_BYTES_PER_PARAM * params
+    return dict(
+        flops=flops,
+        bytes=moved,
+        params=params,
+        seconds=flops / gpu["tensor_flops"] + moved / gpu["bandwidth"],
+    )
+
+
+def gpu_for(device_name: str) -> Tuple[str, Dict]:
+    """The ceilings for a device named ``device_name`` (``torch.cuda.get_device_name``): the
+    H200's or the H100's; any other device (a CPU smoke run, another GPU) gets the H100's, and
+    the returned name says so."""
+    if "H200" in device_name:
+        return "H200", GPUS["H200"]
+    if "H100" in device_name:
+        return "H100 SXM", GPUS["H100 SXM"]
+    return f"H100 SXM (assumed for {device_name})", GPUS["H100 SXM"]
+
+
+def measured_h200(path: Path = H200_MEASURED) -> Dict[int, Dict]:
+    """length -> the H200's measured vanilla step seconds and peak bytes (fp16) and the eager
+    route's ratios, from gpu_check's routes part; {} without the file."""
+    if not path.exists():
+        return {}
+    rows = json.loads(path.read_text(encoding="utf-8"))["routes"]["models"]
+    out = {}
+    for name, row in rows.items():
+        if not name.startswith("6L-6L d512 fp16 len"):
+            continue
+        length = int(name.rsplit("len", 1)[1])
+        wps = sorted(row["train_wps"]["vanilla"])[len(row["train_wps"]["vanilla"]) // 2]
+        out[length] = dict(
+            step_seconds=row["batch_sentences"] * length / wps,
+            peak_bytes=row["peak_memory_bytes"]["vanilla"],
+            eager_speed=row["ratios"]["realformer_eager/vanilla"]["train_wps"],
+            eager_memory=row["ratios"]["realformer_eager/vanilla"]["peak_memory"],
+        )
+    return out
+
+
+def peak(costs) -> float:
+    return sum(c.kept for _, c in costs) + max(c.transient for _, c in costs)
+
+
+def predict_against(
+    route: str,
+    model: Dict,
+    length: int,
+    batch_tokens: int,
+    gpu: Dict,
+    base_step_seconds: float,
+    base_peak_bytes: float,
+    dropout: float = 0.0,
+) -> Dict:
+    """The route's speed and peak-memory ratios against fused (fairseq's transformer) whose
+    step took ``base_step_seconds`` and peaked at ``base_peak_bytes``: the step less fused's
+    modelled attention plus the route's; the peak less fused's modelled attention memory
+    plus the route's."""
+    mine = route_layers(route, model, length, batch_tokens, dropout)
+    base = route_layers("fused", model, length, batch_tokens, dropout)
+    extra = totals(mine, gpu)["seconds"] - totals(base, gpu)["seconds"]
+    extra_bytes = peak(mine) - peak(base)
+    return dict(
+        speed=base_step_seconds / (base_step_seconds + extra),
+        memory=(base_peak_bytes + extra_bytes) / base_peak_bytes,
+        extra_step_ms=1e3 * extra,
+        extra_peak_bytes=extra_bytes,
+    )
+
+
+def study(model: Dict = MODEL, lengths=LENGTHS, batch_tokens: int = BATCH_TOKENS) -> Dict:
+    measured = measured_h200()
+    # the rest of the step's memory: the H200's vanilla peak at 128 tokens less this model's
+    # vanilla attention there (batches hold 8192 tokens at every length)
+    calibration = measured.get(128)
+    rest_bytes = None
+    if calibration:
+        rest_bytes = calibration["peak_bytes"] - peak(
+            route_layers("fused", model, 128, batch_tokens)
+        )
+    rows, verdicts = [], []
+    for length in lengths:
+        per_route = {r: route_layers(r, model, length, batch_tokens) for r in ROUTES}
+        for route, costs in per_route.items():
+            row = dict(
+                route=route,
+                tokens=length,
+                batch_sentences=max(1, batch_tokens // length),
+                attention_layers=len(costs),
+                score_elements_per_layer=costs[0][0].scores,
+                kept_bytes=sum(c.kept for _, c in costs),
+                transient_bytes=max(c.transient for _, c in costs),
+                layers=[layer_row(layer, c) for layer, c in costs],
+                gpus={},
+            )
+            for gpu_name, gpu in GPUS.items():
+                t = totals(costs, gpu)
+                row.setdefault(
+                    "forward", {k: t["forward"][k] for k in ("bytes", "flops", "launches")}
+                )
+                row.setdefault(
+                    "backward", {k: t["backward"][k] for k in ("bytes", "flops", "launches")}
+                )
+                base = totals(per_route["fused"], gpu)
+                rest = rest_of_step(model, length, batch_tokens, gpu)
+                entry = dict(
+                    attention_ms=1e3 * t["seconds"],
+                    by_chain_ms=t["by_chain_ms"],
+                    per_layer_ms=dict(
+                        forward=1e3 * t["forward"]["seconds"] / len(costs),
+                        backward=1e3 * t["backward"]["seconds"] / len(costs),
+                    ),
+                    roofline_step_ms=1e3 * (rest["seconds"] + t["seconds"]),
+                    speed_vs_fused_roofline_step=(rest["seconds"] + base["seconds"])
+                    / (rest["seconds"] + t["seconds"]),
+                )
+                if gpu_name == "H200" and measured:
+                    # the measured step barely depends on length (8192 tokens each; launch
+                    # bound): a length not measured takes the nearest measured one's
+                    nearest = min(measured, key=lambda m: abs(m - length))
+                    m = measured[nearest]
+                    entry["measured_step_from_tokens"] = nearest
+                    entry["speed_vs_fused_measured_step"] = predict_against(
+                        route, model, length, batch_tokens, gpu, m["step_seconds"], m["peak_bytes"]
+                    )["speed"]
+                row["gpus"][gpu_name] = entry
+            if rest_bytes is not None:
+                row["peak_bytes"] = rest_bytes + peak(costs)
+            rows.append(row)
+        fused_peak = rest_bytes + peak(per_route["fused"]) if rest_bytes is not None else None
+        eager_peak = rest_bytes + peak(per_route["eager"]) if rest_bytes is not None else None
+        for row in rows[-len(ROUTES) :]:
+            if fused_peak:
+                row["memory_vs_fused"] = row["peak_bytes"] / fused_peak
+        verdicts.append(verdict(length, {r["route"]: r for r in rows[-len(ROUTES) :]}, eager_peak))
+    return dict(
+        model=dict(model, batch_tokens=batch_tokens),
+        gpus=GPUS,
+        launch_floor_s=LAUNCH_FLOOR_S,
+        philox_ops_per_call=PHILOX_OPS,
+        rest_of_step_constants=dict(
+            passes_per_sublayer=PASSES_PER_SUBLAYER,
+            ffn_hidden_passes=FFN_HIDDEN_PASSES,
+            adam_bytes_per_param=ADAM_BYTES_PER_PARAM,
+            loss_bytes_per_logit=LOSS_BYTES_PER_LOGIT,
+        ),
+        rest_of_step_peak_bytes=rest_bytes,
+        rows=rows,
+        targets=verdicts,
+        eager_check=eager_check(model, batch_tokens, measured, rest_bytes),
+        dropout=dropout_costs(model, batch_tokens),
+    )
+
+
+def layer_row(layer: Layer, cost: LayerCost) -> Dict:
+    """One layer's bytes, FLOPs, kept bytes and predicted milliseconds, forward and backward."""
+    row = dict(chain=layer.chain, index=layer.index, kept_bytes=cost.kept)
+    for phase in ("forward", "backward"):
+        kernels = getattr(cost, phase)
+        row[phase] = dict(
+            bytes=sum(k.read + k.written for k in kernels),
+            flops=sum(k.flops for k in kernels),
+            ms={g: 1e3 * sum(k.seconds(gpu) for k in kernels) for g, gpu in GPUS.items()},
+        )
+    return row
+
+
+def verdict(length: int, rows: Dict[str, Dict], eager_peak: Optional[float]) -> Dict:
+    """The triton route against the issue's targets at ``length`` (speed on both GPUs, both
+    step bases; memory from the calibrated peak)."""
+    speed_target, memory_target = TARGETS[length]
+    triton = rows["triton"]
+    speeds = {
+        f"{g} roofline step": e["speed_vs_fused_roofline_step"] for g, e in triton["gpus"].items()
+    }
+    if "speed_vs_fused_measured_step" in triton["gpus"]["H200"]:
+        speeds["H200 measured step"] = triton["gpus"]["H200"]["speed_vs_fused_measured_step"]
+    memory = triton.get("memory_vs_fused")
+    if memory_target is None:
+        memory_ok = eager_peak is not None and triton.get("peak_bytes", float("inf")) < eager_peak
+        memory_text = "below the eager route's"
+    else:
+        memory_ok = memory is not None and memory <= memory_target
+        memory_text = f"<= {memory_target:g}x"
+    return dict(
+        tokens=length,
+        speed_target=speed_target,
+        memory_target=memory_text,
+        speed=speeds,
+        memory=memory,
+        speed_met={k: v >= speed_target for k, v in speeds.items()},
+        memory_met=memory_ok,
+    )
+
+
+def eager_check(model: Dict, batch_tokens: int, measured: Dict, rest_bytes) -> List[Dict]:
+    """The model's eager route against the H200's measured eager route (fp16): speed ratio on
+    the measured step, peak memory ratio."""
+    out = []
+    for length, m in sorted(measured.items()):
+        p = predict_against(
+            "eager", model, length, batch_tokens, GPUS["H200"], m["step_seconds"], m["peak_bytes"]
+        )
+        out.append(
+            dict(
+                tokens=length,
+                measured_speed=m["eager_speed"],
+                predicted_speed=p["speed"],
+                measured_memory=m["eager_memory"],
+                predicted_memory=p["memory"],
+            )
+        )
+    return out
+
+
+def dropout_costs(model: Dict, batch_tokens: int, length: int = 512, p: float = 0.1) -> List[Dict]:
+    """The triton route's attention time per step with attention dropout, by mask elements per
+    Philox call (1: today's kernel; 4: one 32-bit word each, tl.randint4x; 16: a byte each)."""
+    out = []
+    for per_call in (1, 4, 16):
+        costs = [
+            (layer, triton_cost(layer, p, per_call))
+            for layer in chain_layers(model, length, batch_tokens)
+        ]
+        out.append(
+            dict(
+                tokens=length,
+                dropout=p,
+                elements_per_philox=per_call,
+                attention_ms={g: 1e3 * totals(costs, gpu)["seconds"] for g, gpu in GPUS.items()},
+            )
+        )
+    no_dropout = totals(route_layers("triton", model, length, batch_tokens), GPUS["H200"])[
+        "seconds"
+    ]
+    out.append(dict(tokens=length, dropout=0.0, attention_ms={"H200": 1e3 * no_dropout}))
+    return out
+
+
+def markdown(report: Dict) -> str:
+    """The tables of docs/benchmarks.md's section."""
+    gib = 2**30
+    head = [
+        "tokens",
+        "route",
+        "fwd GB",
+        "bwd GB",
+        "fwd+bwd TFLOP",
+        "kept GiB",
+        "H100 ms",
+        "H200 ms",
+        "speed H100 / H200 (roofline step)",
+        "speed H200 (measured step)",
+        "peak memory vs fused",
+    ]
+    rows = []
+    for r in report["rows"]:
+        g100, g200 = r["gpus"]["H100 SXM"], r["gpus"]["H200"]
+        measured = g200.get("speed_vs_fused_measured_step")
+        rows.append(
+            [
+                r["tokens"],
+                r["route"],
+                f"{r['forward']['bytes'] / 1e9:.2f}",
+                f"{r['backward']['bytes'] / 1e9:.2f}",
+                f"{(r['forward']['flops'] + r['backward']['flops']) / 1e12:.2f}",
+                f"{r['kept_bytes'] / gib:.2f}",
+                f"{g100['attention_ms']:.2f}",
+                f"{g200['attention_ms']:.2f}",
+                " / ".join(f"{g['speed_vs_fused_roofline_step']:.3f}" for g in (g100, g200)),
+                "-" if measured is None else f"{measured:.3f}",
+                f"{r['memory_vs_fused']:.2f}x" if "memory_vs_fused" in r else "-",
+            ]
+        )
+    targets = [
+        [
+            t["tokens"],
+            f">= {t['speed_target']:g}x",
+            ", ".join(
+                f"{k} {v:.3f} {'yes' if t['speed_met'][k] else 'NO'}" for k, v in t["speed"].items()
+            ),
+            t["memory_target"],
+            "-" if t["memory"] is None else f"{t['memory']:.2f}x",
+            "yes" if t["memory_met"] else "NO",
+        ]
+        for t in report["targets"]
+    ]
+    check = [
+        [
+            c["tokens"],
+            f"{c['measured_speed']:.3f}",
+            f"{c['predicted_speed']:.3f}",
+            f"{c['measured_memory']:.2f}x",
+            f"{c['predicted_memory']:.2f}x",
+        ]
+        for c in report["eager_check"]
+    ]
+    per_layer = [
+        [r["tokens"], r["route"]]
+        + [
+            f"{r['gpus'][g]['per_layer_ms']['forward'] * 1e3:.0f} / "
+            f"{r['gpus'][g]['per_layer_ms']['backward'] * 1e3:.0f}"
+            for g in GPUS
+        ]
+        + [f"{r['kept_bytes'] / r['attention_layers'] / 2**20:.0f}"]
+        for r in report["rows"]
+        if r["route"] in ("fused", "triton")
+    ]
+    return "\n\n".join(
+        [
+            md_table(head, rows),
+            md_table(
+                ["tokens", "route"]
+                + [f"{g} us per layer, forward / backward" for g in GPUS]
+                + ["MiB kept per layer"],
+                per_layer,
+            ),
+            md_table(
+                [
+                    "tokens",
+                    "speed target",
+                    "triton predicted speed (met?)",
+                    "memory target",
+                    "triton predicted memory",
+                    "met?",
+                ],
+                targets,
+            ),
+            md_table(
+                [
+                    "tokens",
+                    "eager speed measured (H200)",
+                    "predicted",
+                    "eager memory measured",
+                    "predicted",
+                ],
+                check,
+            ),
+        ]
+    )
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument(
+        "--json", type=Path, default=REPO_ROOT / "docs" / "benchmarks" / "triton_cost.json"
+    )
+    args = p.parse_args(argv)
+    report = study()
+    write_json(args.json, report)
+    print(markdown(report))
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
