@@ -8,7 +8,7 @@ three chains (encoder with padding and a fully padded sequence, decoder with the
 cross-attention), running sum and mean, with and without attention dropout, a 1-token sentence;
 what the chain keeps at 6 and 12 encoder layers; every fallback said once and exact; a 60-layer
 float32 chain against float64 within the tolerance docs/reference.md states; a chain whose upper
-layer gets no gradient raises (why it is off by default)."""
+layers get no gradient rebuilds the stream from the top."""
 
 import copy
 import logging
@@ -226,17 +226,31 @@ def test_a_second_backward_or_a_changed_stream_raises():
         (x.sum() + stream.sum()).backward()
 
 
-def test_a_layer_whose_stream_taker_gets_no_gradient_raises():
-    """Layer 1 takes layer 0's stream, but only layer 0's output reaches the loss: layer 1's
-    backward never runs, so layer 0's stream is never rebuilt; its backward raises (the case
-    of transformer_align's --full-context-alignment pass), never a wrong gradient."""
-    _, kept = chain_pair(CASES[1], "sum", depth=2)
-    query, _, _, padding = inputs(CASES[1], 6)
-    query.requires_grad_()
-    x, _, stream, _, _ = kept[0](query, query, query, key_padding_mask=padding)
-    kept[1](x, x, x, key_padding_mask=padding, prev_attn_scores=stream, layer_idx=1)
-    with pytest.raises(RuntimeError, match="a layer above whose backward did not run"):
-        x.sum().backward()
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_layers_above_without_gradient_leave_the_stream_rebuilt_from_the_top(mode, hand_overs):
+    """Layers 2 and 3 take the streams of 1 and 2, but only layer 1's output reaches the loss
+    (as in transformer_align's --full-context-alignment pass): their backward never runs, and
+    layer 1 rebuilds its stream from layer 3's kept one; layer 0's comes from layer 1."""
+    results = []
+    for kept in (False, True):
+        torch.manual_seed(0)
+        layers = [layer_of("eager", CASES[0]).double() for _ in range(4)]
+        for module in layers:
+            module.kept_stream = kept
+            module.residual_attention_mode = mode
+        query, _, attn_mask, padding = inputs(CASES[0], 10)
+        query.requires_grad_()
+        x, stream, outs = query, None, []
+        for idx, module in enumerate(layers):
+            x, _, stream, _, _ = module(
+                x, x, x, key_padding_mask=padding, attn_mask=attn_mask,
+                prev_attn_scores=stream, layer_idx=idx,
+            )  # fmt: skip
+            outs.append(x)
+        outs[1].square().sum().backward()
+        results.append([query.grad] + [p.grad for m in layers[:2] for p in m.parameters()])
+    assert hand_overs == {"hand_over": 3, "backward": 2}
+    assert_gradients_equal(*results)
 
 
 # max |error| / max |value| of a 60-layer float32 chain against float64 (gradients; rebuilt

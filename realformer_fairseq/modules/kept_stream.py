@@ -13,10 +13,8 @@ to layer ``l - 1``. A chain therefore keeps one stream from forward to backward,
 (issue 51), as reversible networks rebuild their activations.
 
 Off by default (``RealformerMultiheadAttention.kept_stream``): on CPU a training step costs
-1.1-1.4x the plain route's time, and a chain whose upper layers get no gradient (their backward
-never runs: fairseq's ``transformer_align`` with ``--full-context-alignment``, whose alignment
-pass uses one layer's attention) leaves the layer below without its stream, which raises;
-docs/reference.md, "The eager route's kept stream (off)", has the numbers.
+1.1-1.4x the plain route's time; docs/reference.md, "The eager route's kept stream (off)", has
+the numbers.
 
 The forward runs the eager route's own operations (``_raw_scores``, ``_add_to_stream``,
 ``_attend_heads``) in the same order, so its outputs are bitwise those of the plain route; the
@@ -32,14 +30,17 @@ eager route (autograd keeps its probabilities), or keeps its own stream, each re
 per process at WARNING: a layer whose forward runs during backward (fairseq's
 ``--checkpoint-activations``, ``--offload-activations``: it re-runs the layer then, with a
 detached stream), an attention mask that needs a gradient, a previous stream made elsewhere (another route, or the
-caller) or used by a second layer. A chain's kept stream is rebuilt, and so consumed, by one
-backward: a second backward through the same graph (``retain_graph=True``) raises instead of
+caller) or used by a second layer. Where the layers above a layer get no gradient (their
+backward never runs: fairseq's ``transformer_align`` with ``--full-context-alignment`` uses one
+layer's attention of its alignment pass), that layer rebuilds its stream from the chain's kept
+one itself, with the q and k its takers' links hold until their own backward releases them. A
+chain's kept stream is rebuilt, and so consumed, by one backward: a second backward through the same graph (``retain_graph=True``) raises instead of
 reading a stream that is no longer there.
 """
 
 import contextlib
 import logging
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -66,14 +67,31 @@ class StreamLink:
     detached alias (no reference back to the node: no cycle), kept until a layer of this route
     takes it over (``rebuilder``: that layer's own link), which rebuilds it in backward and
     puts it back here; ``version`` is the tensor's version counter when it was kept, checked
-    when it is taken (an in-place change in between raises, as for ``save_for_backward``)."""
+    when it is taken (an in-place change in between raises, as for ``save_for_backward``).
+    ``scores``: what recomputes the layer's raw scores (its module, q and k, their versions)
+    where the layer's own backward does not run; released by that backward."""
 
-    __slots__ = ("stream", "version", "rebuilder")
+    __slots__ = ("stream", "version", "rebuilder", "scores")
 
     def __init__(self):
         self.stream: Optional[Tensor] = None
         self.version = 0
         self.rebuilder: Optional["StreamLink"] = None
+        self.scores: Optional[Tuple] = None
+
+    def remember_scores(self, module, q: Tensor, k: Tensor):
+        self.scores = (module, q.detach(), k.detach(), q._version, k._version)
+
+    def raw_scores(self) -> Tensor:
+        """This link's layer's raw scores ``Q K^T / sqrt(d)``, recomputed."""
+        module, q, k, q_version, k_version = self.scores
+        if q._version != q_version or k._version != k_version:
+            raise RuntimeError(
+                "residual attention, eager route: a layer's queries or keys kept for backward "
+                "were modified in place after the forward"
+            )
+        bsz = q.size(0) // module.num_heads
+        return module._raw_scores(q, k, bsz, bsz)
 
     def keep(self, stream: Tensor):
         self.stream = stream.detach()
@@ -92,13 +110,22 @@ class StreamLink:
         self.keep(stream)
 
     def take(self) -> Tensor:
-        """The stream for this layer's backward (then no longer held here)."""
+        """The stream for this layer's backward (then no longer held here). Where the layer
+        that took it over got no gradient (its backward never ran, nor any above it: fairseq's
+        ``transformer_align`` with ``--full-context-alignment`` uses one layer's attention of
+        its alignment pass), it is rebuilt here from the chain's kept stream down, in place."""
+        rebuilder = self.rebuilder
+        if self.stream is None and rebuilder is not None and rebuilder.scores is not None:
+            above = rebuilder.take()
+            with torch.no_grad():
+                self.keep(above.sub_(rebuilder.raw_scores().to(above.dtype)))
+            rebuilder.scores = None
         stream = self.stream
         if stream is None:
             raise RuntimeError(
                 "residual attention, eager route: the chain's kept score stream is gone: a "
-                "second backward through the same graph (retain_graph=True), or a layer above "
-                "whose backward did not run; run the plain route for this (kept_stream=False)"
+                "second backward through the same graph (retain_graph=True); run the plain "
+                "route for this (kept_stream=False)"
             )
         if stream._version != self.version:
             raise RuntimeError(
@@ -156,6 +183,7 @@ class _KeptStreamAttention(torch.autograd.Function):
         ctx.link_in, ctx.link_out = link_in, link_out
         ctx.prev_dtype = None if prev is None else prev.dtype
         link_out.keep(stream)
+        link_out.remember_scores(module, q, k)
         ctx.set_materialize_grads(False)
         return attn, stream, probabilities
 
@@ -191,6 +219,7 @@ class _KeptStreamAttention(torch.autograd.Function):
         if link_in is not None and link_in.rebuilder is ctx.link_out:
             # S_{l-1} = S_l - Q_l K_l^T / sqrt(d), in S_l's buffer, for layer l - 1's backward
             link_in.keep(stream.sub_(raw_scores.detach().to(stream.dtype)))
+        ctx.link_out.scores = None  # this layer's q and k: needed no longer
         d_prev = None
         if ctx.prev_dtype is not None and ctx.needs_input_grad[3] and d_total is not None:
             d_prev = d_total.to(ctx.prev_dtype)
