@@ -28,7 +28,8 @@ Beside the count, the cost of the kept stream (its backward recomputes each laye
 probabilities and dropout mask): the CPU time of a training step (forward and backward, no
 optimizer) of ``eager_kept_stream`` against ``eager``, the same weights and batch,
 alternating in this process (``--time-steps``, the median per route; process CPU time on one
-thread, so that other processes on the machine weigh less), at 6 encoder layers.
+thread, so that other processes on the machine weigh less), at 6 encoder layers, with attention
+dropout 0.1 and 0.
 
 usage (from the repository root; one forward per row, no backward, no timing):
     TRITON_INTERPRET=1 .venv-triton/bin/python -m studies.stream_memory   # all three routes
@@ -146,11 +147,13 @@ def measure(route: str, encoder_layers: int, tokens: int, dictionary) -> Dict:
     }
 
 
-def time_eager_routes(tokens: int, encoder_layers: int, steps: int, dictionary) -> Dict:
+def time_eager_routes(
+    tokens: int, encoder_layers: int, steps: int, dictionary, attention_dropout: str = "0.1"
+) -> Dict:
     """Median process CPU seconds of a training step (forward + backward) of ``eager`` and
     ``eager_kept_stream``, alternating, after one untimed step each; their ratio."""
     sizes = dict(SIZES, enc_layers=encoder_layers)
-    flags = (*IMPL_EAGER, *FLAGS)
+    flags = (*IMPL_EAGER, *FLAGS, "--attention-dropout", attention_dropout)
     models = {}
     for route in ("eager", "eager_kept_stream"):
         model, criterion = build("realformer_transformer", sizes, dictionary, flags=flags)
@@ -172,6 +175,7 @@ def time_eager_routes(tokens: int, encoder_layers: int, steps: int, dictionary) 
     return {
         "tokens": tokens,
         "encoder_layers": encoder_layers,
+        "attention_dropout": float(attention_dropout),
         "steps": steps,
         "cpu_seconds_per_step": {r: round(v, 4) for r, v in median.items()},
         "kept_stream_over_eager": round(median["eager_kept_stream"] / median["eager"], 3),
@@ -211,7 +215,7 @@ def parse_args(argv=None):
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--vocab", type=int, default=1000)
     p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--time-steps", type=int, default=5,
+    p.add_argument("--time-steps", type=int, default=9,
                    help="timed training steps per eager route (0: no timing)")  # fmt: skip
     p.add_argument(
         "--json", type=Path, default=REPO_ROOT / "docs" / "benchmarks" / "stream_memory.json"
@@ -241,10 +245,13 @@ def main(argv=None) -> Dict:
             print(f"{route} {layers} encoder layers: {row['score_bytes_kept'] / MIB:.1f} MiB "
                   f"score-sized, {row['total_bytes_kept'] / MIB:.1f} MiB in all "
                   f"({row['seconds']} s)", flush=True)  # fmt: skip
-    if args.time_steps > 0 and "eager" in routes and "eager_kept_stream" in routes:
-        row = time_eager_routes(args.tokens, 6, args.time_steps, dictionary)
-        timing[str(args.tokens)] = row
-        print(f"training step, {args.tokens} tokens: eager_kept_stream "
+    for dropout in ("0.1", "0.0"):
+        if args.time_steps <= 0 or "eager" not in routes or "eager_kept_stream" not in routes:
+            break
+        row = time_eager_routes(args.tokens, 6, args.time_steps, dictionary, dropout)
+        timing[f"{args.tokens} tokens, attention dropout {dropout}"] = row
+        print(f"training step, {args.tokens} tokens, attention dropout {dropout}: "
+              f"eager_kept_stream "
               f"{row['kept_stream_over_eager']}x eager's CPU time ({row['cpu_seconds_per_step']})", flush=True)  # fmt: skip
     # merged with the file as it is now (another run may have written it meanwhile)
     previous = read_json(args.json) or {}

@@ -29,13 +29,15 @@ the chain) stays with its node. Where that hand-over cannot hold, the layer runs
 eager route (autograd keeps its probabilities), or keeps its own stream, each reason said once
 per process at WARNING: a layer whose forward runs during backward (fairseq's
 ``--checkpoint-activations``, ``--offload-activations``: it re-runs the layer then, with a
-detached stream), an attention mask that needs a gradient, a previous stream made elsewhere (another route, or the
-caller) or used by a second layer. Where the layers above a layer get no gradient (their
-backward never runs: fairseq's ``transformer_align`` with ``--full-context-alignment`` uses one
-layer's attention of its alignment pass), that layer rebuilds its stream from the chain's kept
-one itself, with the q and k its takers' links hold until their own backward releases them. A
-chain's kept stream is rebuilt, and so consumed, by one backward: a second backward through the same graph (``retain_graph=True``) raises instead of
-reading a stream that is no longer there.
+detached stream), an attention mask that needs a gradient, keys shared by the beams, attention
+dropout on a device other than CPU and CUDA, a previous stream made elsewhere (another route,
+or the caller) or taken by a second layer. Where the layers above a layer get no gradient
+(their backward never runs: fairseq's ``transformer_align`` with ``--full-context-alignment``
+uses one layer's attention of its alignment pass), that layer rebuilds its stream from the
+chain's kept one itself, with the q and k its takers' links hold until their own backward
+releases them. A chain's kept stream is rebuilt, and so consumed, by one backward: a second
+backward through the same graph (``retain_graph=True``) raises instead of reading a stream that
+is no longer there.
 """
 
 import contextlib
