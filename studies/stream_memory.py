@@ -7,9 +7,9 @@ stream for backward, its last, and can rebuild the earlier ones on the way down
 depth times length squared.
 
 For the realformer encoder-decoder (``realformer_transformer``: residual attention on all three
-chains, running mean, ADMIN with ``--init-type admin-closed-form``) at ``--encoder-layers`` 6 and 12 (6 decoder layers), 512 source and
-512 target tokens, small width, one training forward on CPU (attention dropout 0.1, label
-smoothed cross-entropy), it counts every tensor autograd saves
+chains, running mean, ADMIN with ``--init-type admin-closed-form``) at ``--encoder-layers`` 6
+and 12 (6 decoder layers), 512 source and 512 target tokens, small width, one training forward
+on CPU (attention dropout 0.1, label smoothed cross-entropy), it counts every tensor autograd saves
 (``studies.saved_tensors.SavedTensorLog``'s pack hook) plus every tensor a route's autograd
 nodes hold themselves (attributes of custom-function contexts, one object level deep, such as
 the eager route's kept stream), each storage once; parameters are left out. "Score bytes" are
@@ -209,8 +209,10 @@ def format_table(rows: List[Dict]) -> str:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--routes", nargs="+", choices=ROUTES, default=None,
-                   help="default: all three where triton runs here, else the two eager ones")  # fmt: skip
+    p.add_argument(
+        "--routes", nargs="+", choices=ROUTES, default=None,
+        help="default: all three where triton runs here, else the two eager ones",
+    )  # fmt: skip
     p.add_argument("--encoder-layers", nargs="+", type=int, default=[6, 12])
     p.add_argument("--tokens", type=int, default=512)
     p.add_argument("--vocab", type=int, default=1000)
@@ -250,9 +252,9 @@ def main(argv=None) -> Dict:
             break
         row = time_eager_routes(args.tokens, 6, args.time_steps, dictionary, dropout)
         timing[f"{args.tokens} tokens, attention dropout {dropout}"] = row
+        ratio, seconds = row["kept_stream_over_eager"], row["cpu_seconds_per_step"]
         print(f"training step, {args.tokens} tokens, attention dropout {dropout}: "
-              f"eager_kept_stream "
-              f"{row['kept_stream_over_eager']}x eager's CPU time ({row['cpu_seconds_per_step']})", flush=True)  # fmt: skip
+              f"eager_kept_stream {ratio}x eager's CPU time ({seconds})", flush=True)  # fmt: skip
     # merged with the file as it is now (another run may have written it meanwhile)
     previous = read_json(args.json) or {}
     rows = {**{(r["route"], r["encoder_layers"], r["tokens"]): r

@@ -139,7 +139,8 @@ def measure(case: str, mode: str, depth: int = DEPTH, length: int = LENGTH) -> D
 
 def format_table(rows: List[Dict]) -> str:
     header = ["chain", "mode", "rebuilt S_l vs forward's (fp32)", "rebuilt S_l vs fp64",
-              "forward's S_l vs fp64", "gradients, kept stream fp32", "gradients, plain fp32"]  # fmt: skip
+              "forward's S_l vs fp64", "gradients, kept stream fp32",
+              "gradients, plain fp32"]  # fmt: skip
     return md_table(header, [
         [r["case"], r["mode"], f"{r['stream_rebuilt_vs_forward_float32']:.1e}",
          f"{r['stream_rebuilt_vs_float64']:.1e}", f"{r['stream_forward_float32_vs_float64']:.1e}",

@@ -123,8 +123,8 @@ def test_a_one_token_sentence(case):
 def test_a_chain_keeps_one_stream_whatever_its_depth():
     """What the realformer encoder-decoder keeps for backward (studies.stream_memory's count):
     with the kept stream, one float32 (batch*heads, T, T) stream per chain and the causal mask,
-    at 6 and 12 encoder layers; the eager route keeps three T x T tensors per layer (the probabilities, CPU
-    dropout's float mask and the dropped probabilities)."""
+    at 6 and 12 encoder layers; the eager route keeps three T x T tensors per layer (the
+    probabilities, CPU dropout's float mask and the dropped probabilities)."""
     dictionary = dummy_dictionary(100)
     tokens = 24  # not the width (64) nor the FFN's (256): only score-sized tensors match
     stream = f"{stream_memory.BATCH * stream_memory.SIZES['heads']}x{tokens}x{tokens} float32"

@@ -274,8 +274,8 @@ def kept_stream_attention(
     layer_idx: int,
 ):
     """``(attn (bsz*heads, tgt_len, head_dim), S_l, the float probabilities (bsz*heads,
-    tgt_len, src_len))`` of ``module``'s eager route with the chain's stream handed on (see the module docstring); the caller checked
-    :func:`why_plain_route`."""
+    tgt_len, src_len))`` of ``module``'s eager route with the chain's stream handed on (see
+    the module docstring); the caller checked :func:`why_plain_route`."""
     link_in: Optional[StreamLink] = None
     if prev is not None and prev.requires_grad:
         node = prev.grad_fn
