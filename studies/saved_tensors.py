@@ -55,8 +55,10 @@ MIB = 2**20
 class SavedTensorLog:
     """Pack hook plus layer hooks: what autograd saves, attributed to the running layer."""
 
-    def __init__(self, model, length: int):
-        self.layers = list(model.decoder.layers)
+    def __init__(self, model, length: int, layers=None):
+        """``layers``: the modules whose forwards attribute what they save (default: the
+        decoder's layers; tensors saved outside them are ``OUTSIDE``)."""
+        self.layers = list(model.decoder.layers) if layers is None else list(layers)
         self.length = length
         self.parameter_storages = {p.untyped_storage().data_ptr() for p in model.parameters()}
         self.current = OUTSIDE
@@ -64,15 +66,20 @@ class SavedTensorLog:
         self.storages = {}  # storage pointer -> (layer, bytes, score-sized, "shape dtype")
 
     def pack(self, tensor):
+        self.add(tensor, self.current)
+        return tensor
+
+    def add(self, tensor, where):
+        """One kept reference to ``tensor``, attributed to ``where`` (a layer index,
+        ``OUTSIDE``, or any other label); its storage counts once, where it was first seen."""
         pointer = tensor.untyped_storage().data_ptr()
         if pointer not in self.parameter_storages:
-            self.references[self.current] += 1
+            self.references[where] += 1
             if pointer not in self.storages:
                 score_sized = tuple(tensor.shape[-2:]) == (self.length, self.length)
                 nbytes = tensor.untyped_storage().nbytes()
                 shape = "x".join(map(str, tensor.shape)) + f" {str(tensor.dtype)[6:]}"
-                self.storages[pointer] = (self.current, nbytes, score_sized, shape)
-        return tensor
+                self.storages[pointer] = (where, nbytes, score_sized, shape)
 
     def hooks(self):
         handles = []

@@ -22,6 +22,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from ..settings import RESIDUAL_ATTENTION_MODES
+from .kept_stream import kept_stream_attention, warn_once, why_plain_route
 from .route_rules import ConcatRule
 
 logger = logging.getLogger(__name__)
@@ -83,6 +84,10 @@ class RealformerMultiheadAttention(MultiheadAttention):
         super().__init__(embed_dim, num_heads, **kwargs)
         self.residual_attention_mode = residual_attention_mode
         self.residual_attention_impl = "eager"  # the route (the subclass: concat or auto)
+        # True: this module's eager route keeps one stream per chain for backward and rebuilds
+        # the earlier ones (modules/kept_stream.py); off by default, and why: docs/reference.md,
+        # "The eager route's kept stream (off)"
+        self.kept_stream = False
         self.mask_value = _MASK_VALUE  # an attribute: TorchScript reads no module globals
         # a list, not an int attribute: assigning to a Module attribute goes through
         # nn.Module.__setattr__, a measurable cost per incremental decoding step
@@ -150,7 +155,18 @@ class RealformerMultiheadAttention(MultiheadAttention):
     ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
         """The eager route from the projected heads on: this layer's raw scores added to the
         stream, the masked softmax, the values and the output projection; the five values of
-        ``forward`` (the queries and keys None)."""
+        ``forward`` (the queries and keys None). Autograd keeps each layer's probabilities;
+        where ``kept_stream`` is set (off by default), the chain keeps one stream for
+        backward instead (:mod:`~realformer_fairseq.modules.kept_stream`), except where a
+        reason it says once keeps the plain route."""
+        if not torch.jit.is_scripting():
+            if self.kept_stream:
+                kept = self._kept_stream_route(
+                    q, k, v, prev_attn_scores, key_padding_mask, attn_mask, bsz, kv_bsz,
+                    layer_idx, need_weights, need_head_weights,
+                )  # fmt: skip
+                if kept is not None:
+                    return kept[0], kept[1], kept[2], None, None
         raw_scores = self._raw_scores(q, k, bsz, kv_bsz)
         attn_scores = self._add_to_stream(raw_scores, prev_attn_scores)
         attn, attn_weights = self._attend_stream(
@@ -158,6 +174,51 @@ class RealformerMultiheadAttention(MultiheadAttention):
             need_weights, need_head_weights,
         )  # fmt: skip
         return attn, attn_weights, attn_scores, None, None
+
+    @torch.jit.unused
+    def _kept_stream_route(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        prev_attn_scores: Optional[Tensor],
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        bsz: int,
+        kv_bsz: int,
+        layer_idx: int,
+        need_weights: bool,
+        need_head_weights: bool,
+    ) -> Optional[Tuple[Tensor, Optional[Tensor], Tensor]]:
+        """``(attn, attn_weights, attn_scores)`` of the eager route with the chain's one kept
+        stream, or None where the plain route runs (the reason said once where a gradient is
+        wanted)."""
+        tensors = [q, k, v, prev_attn_scores]
+        reason = why_plain_route(self, tensors, attn_mask, bsz, kv_bsz)
+        if reason is not None:
+            if reason:
+                warn_once(reason)
+            return None
+        attn, attn_scores, probabilities = kept_stream_attention(
+            self, q, k, v, prev_attn_scores, key_padding_mask, attn_mask, layer_idx
+        )
+        tgt_len, src_len = attn_scores.size(1), attn_scores.size(2)
+        attn_weights: Optional[Tensor] = None
+        if need_weights:
+            attn_weights = self._weights_as_fairseq(
+                probabilities, bsz, tgt_len, src_len, need_head_weights
+            )
+        return self._merge_heads(attn, tgt_len, bsz), attn_weights, attn_scores
+
+    def _weights_as_fairseq(
+        self, probabilities: Tensor, bsz: int, tgt_len: int, src_len: int, per_head: bool
+    ) -> Tensor:
+        """The float probabilities ``(bsz*heads, tgt_len, src_len)`` as fairseq returns its
+        attention weights: ``(heads, bsz, tgt_len, src_len)``, or their mean over heads."""
+        weights = probabilities.view(bsz, self.num_heads, tgt_len, src_len).transpose(1, 0)
+        if not per_head:
+            weights = weights.mean(dim=0)  # average over heads
+        return weights
 
     def _project_heads(
         self,
@@ -300,6 +361,33 @@ class RealformerMultiheadAttention(MultiheadAttention):
         """softmax over the masked stream (divided by ``layer_idx + 1`` for the running
         mean), attention dropout, the values and the output projection; returns
         ``(attn, attn_weights)`` as fairseq does."""
+        attn, attn_weights_float = self._attend_heads(
+            attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx
+        )
+        tgt_len, src_len = attn_scores.size(1), attn_scores.size(2)
+        attn = self._merge_heads(attn, tgt_len, bsz)
+        attn_weights: Optional[Tensor] = None
+        if need_weights:
+            attn_weights = self._weights_as_fairseq(
+                attn_weights_float, bsz, tgt_len, src_len, need_head_weights
+            )
+        return attn, attn_weights
+
+    def _attend_heads(
+        self,
+        attn_scores: Tensor,
+        raw_scores: Tensor,
+        v: Tensor,
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        bsz: int,
+        kv_bsz: int,
+        layer_idx: int,
+    ) -> Tuple[Tensor, Tensor]:
+        """softmax over the masked stream (divided by ``layer_idx + 1`` for the running
+        mean), attention dropout and the values, per head: ``(attn (bsz*heads, tgt_len,
+        head_dim), the float probabilities (bsz*heads, tgt_len, src_len))``; the dropped
+        probabilities are cast to ``raw_scores``' dtype before the values."""
         tgt_len, src_len = attn_scores.size(1), attn_scores.size(2)
         shared_kv = self.encoder_decoder_attention and bsz != kv_bsz
         # the softmax input: a masked copy, never the stream itself
@@ -336,16 +424,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
             attn = attn.reshape((-1,) + attn.size()[-2:])
         else:
             attn = torch.bmm(attn_probs, v)  # (bsz*heads, tgt_len, head_dim)
-        attn = self._merge_heads(attn, tgt_len, bsz)
-
-        attn_weights: Optional[Tensor] = None
-        if need_weights:
-            attn_weights = attn_weights_float.view(bsz, self.num_heads, tgt_len, src_len).transpose(
-                1, 0
-            )
-            if not need_head_weights:
-                attn_weights = attn_weights.mean(dim=0)  # average over heads
-        return attn, attn_weights
+        return attn, attn_weights_float
 
     def _merge_heads(self, attn: Tensor, tgt_len: int, bsz: int) -> Tensor:
         """``(bsz*heads, tgt_len, head_dim)`` -> output projection ``(tgt_len, bsz, embed_dim)``."""
