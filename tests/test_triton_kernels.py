@@ -348,6 +348,8 @@ def test_dropout_is_the_eager_route_with_the_mask_of_a_generator_written_here(dt
     seed = ta.draw_dropout_seed()
     keep = expected_keep(seed, bsz * HEADS, tgt_len, src_len, p)
     assert (keep[0] != keep[1]).float().mean() > 0.2  # two heads of one sentence differ
+    # the replay helper (studies/route_precision.py) draws the same mask
+    assert torch.equal(ta.dropout_keep_mask(seed, bsz * HEADS, tgt_len, src_len, p, "cpu"), keep)
     torch.manual_seed(7)  # the call draws the same seed
     got = ta.residual_attention(*leaves, kpm, None, HEADS, 1.0, p)
     tol = TOLERANCE[dtype]

@@ -609,6 +609,39 @@ def dropout_threshold(dropout_p: float) -> int:
     return min(int(round(dropout_p * 2**31)), 2**31 - 1)
 
 
+@triton.jit
+def _dropout_mask_kernel(
+    KEEP, tgt_len, src_len, threshold, seed, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    offs_m = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    start_n = tl.program_id(1) * BLOCK_N
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    bh = tl.program_id(2)
+    keep = _keep(seed, bh, offs_m, start_n, tgt_len, src_len, threshold, BLOCK_M, BLOCK_N)
+    row = bh.to(tl.int64) * tgt_len + offs_m.to(tl.int64)
+    tl.store(
+        KEEP + row[:, None] * src_len + offs_n[None, :],
+        keep.to(tl.int8),
+        mask=(offs_m < tgt_len)[:, None] & (offs_n < src_len)[None, :],
+    )
+
+
+def dropout_keep_mask(
+    seed: int, bsz_heads: int, tgt_len: int, src_len: int, dropout_p: float, device
+) -> Tensor:
+    """The dropout mask (True = kept) the kernels draw for ``seed``: a bool tensor of shape
+    ``(bsz_heads, tgt_len, src_len)``, drawn by the kernels' own ``_keep`` (for replaying a
+    call's masks, as studies/route_precision.py does; tests/test_triton_kernels.py checks the
+    kernels' mask against Philox written there instead)."""
+    keep = torch.empty((bsz_heads, tgt_len, src_len), dtype=torch.int8, device=device)
+    grid = (triton.cdiv(tgt_len, 16), triton.cdiv(src_len, 16), bsz_heads)
+    with _device_of(keep):
+        _dropout_mask_kernel[grid](
+            keep, tgt_len, src_len, dropout_threshold(dropout_p), seed, 16, 16
+        )  # fmt: skip
+    return keep.bool()
+
+
 def draw_dropout_seed() -> int:
     """The seed of one call's dropout mask, drawn from torch's CPU generator (seeded by
     ``torch.manual_seed``, as fairseq seeds it), without a device synchronisation."""
