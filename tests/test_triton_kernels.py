@@ -14,6 +14,7 @@ import os
 
 os.environ["TRITON_INTERPRET"] = "1"
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -168,6 +169,101 @@ def test_kernels_match_the_formula_and_the_eager_route(name, dtype):
         assert_close(g, w, tol, what + " vs eager")
 
 
+# (bsz, length, key padding, prev, divisor, stream gradient in): self-attention chains under
+# the causal mask made in the kernels (``causal=True``)
+CAUSAL_CASES = {
+    # left padding: the first rows of the second sentence see only padding (the fill), so
+    # attend to every key, the ones after them included
+    "left_padded_mean": (2, 33, ("left", [33, 17]), True, 3.0, True),
+    # right padding, a fully padded sentence: blocks after the diagonal skipped but there
+    "right_padded_and_empty": (3, 50, ("right", [50, 31, 0]), True, 1.0, True),
+    # a chain's first layer, one token
+    "one_token_first_layer": (2, 1, ("right", [1, 1]), False, 1.0, False),
+}
+
+
+def only_fill_rows(kpm, length):
+    """(bsz*heads, length, 1): the rows whose keys up to the query are all padded."""
+    seen_only_padding = kpm.cumprod(dim=1).bool()  # key 0 .. i all padded
+    return seen_only_padding[:, :length].repeat_interleave(HEADS, dim=0).unsqueeze(-1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+@pytest.mark.parametrize("name", list(CAUSAL_CASES))
+def test_the_causal_mask_made_in_the_kernels_is_the_eager_routes(name, dtype):
+    """``causal=True``: attention and gradients of the formula and of the eager module with the
+    -inf causal mask; the stream is theirs on and before the diagonal and 0 after it; the
+    stream gradient arriving after the diagonal passes on only in rows that see only the fill
+    (as the eager route's, whose fill absorbs the stream there). An eager layer that reads this
+    stream gives the eager route's attention and gradients, through both layers."""
+    bsz, length, pad, with_prev, divisor, with_d_stream = CAUSAL_CASES[name]
+    leaves, d_out, d_stream = inputs(bsz, length, length, dtype, with_prev)
+    kpm = padding(pad[1], length, left=pad[0] == "left")
+    mask = causal(length)
+    future = torch.ones(length, length, dtype=torch.bool).triu(1)
+    tol = TOLERANCE[dtype]
+    got = ta.residual_attention(*leaves, kpm, None, HEADS, divisor, 0.0, causal=True)
+    want = formula(*leaves, kpm, mask, divisor)
+    mode, layer_idx = ("mean", 2) if divisor == 3.0 else ("sum", 1)
+    eager = eager_route(*leaves, kpm, mask, layer_idx, mode)
+    assert (got[1][:, future] == 0).all()
+    passed_on = ~future | only_fill_rows(kpm, length)
+    d_stream_in = d_stream if with_d_stream else None
+    d_stream_passed = d_stream.masked_fill(~passed_on, 0) if with_d_stream else None
+    got_grads = gradients(got, leaves, d_out, d_stream_in)
+    for reference, label in ((want, ""), (eager, " vs eager")):
+        assert_close(got[0], reference[0], tol, "attn" + label)
+        assert_close(got[1], reference[1].masked_fill(future, 0), tol, "stream" + label)
+        want_grads = gradients(reference, leaves, d_out, d_stream_passed)
+        for what, g, w in zip(("dq", "dk", "dv", "dprev"), got_grads, want_grads):
+            assert_close(g, w, tol, what + label)
+    # the next layer eager, reading this stream or the eager route's
+    g = torch.Generator().manual_seed(5)
+    nxt = [(torch.randn(t.shape, generator=g) * 0.5).to(dtype).requires_grad_() for t in leaves[:3]]
+    d_out2 = torch.randn(d_out.shape, generator=g).to(dtype)
+    results = []
+    for run in (
+        lambda: ta.residual_attention(*leaves, kpm, None, HEADS, divisor, 0.0, causal=True),
+        lambda: eager_route(*leaves, kpm, mask, layer_idx, mode),
+    ):
+        first = run()
+        second = eager_route(*nxt, first[1], kpm, mask, layer_idx + 1, mode)
+        loss = (first[0] * d_out).sum() + (second[0] * d_out2).sum()
+        wanted = [t for t in leaves + nxt if t is not None]
+        results.append((second[0], torch.autograd.grad(loss, wanted)))
+    assert_close(results[0][0], results[1][0], tol, "next eager layer's attn")
+    for i, (a, b) in enumerate(zip(results[0][1], results[1][1])):
+        assert_close(a, b, tol, f"gradient {i} through the next eager layer")
+
+
+def test_causal_with_dropout_keeps_the_mask_in_rows_that_see_only_the_fill():
+    """Dropout under the causal mask made in the kernels, with left padding (rows that see only
+    the fill attend to every key, their blocks after the diagonal computed apart): the formula
+    with the mask of :func:`expected_keep`, output and gradients, in float64."""
+    p, bsz, length = 0.25, 2, 37
+    leaves, d_out, _ = inputs(bsz, length, length, torch.float64, with_prev=True, seed=3)
+    kpm = padding([37, 14], length, left=True)
+    torch.manual_seed(11)
+    keep = expected_keep(ta.draw_dropout_seed(), bsz * HEADS, length, length, p)
+    torch.manual_seed(11)
+    got = ta.residual_attention(*leaves, kpm, None, HEADS, 1.0, p, causal=True)
+    want = formula(*leaves, kpm, causal(length), 1.0, keep=keep, p=p)
+    assert_close(got[0], want[0], 1e-12, "attn")
+    got_grads = gradients(got, leaves, d_out, None)
+    want_grads = gradients(want, leaves, d_out, None)
+    for what, g, w in zip(("dq", "dk", "dv", "dprev"), got_grads, want_grads):
+        assert_close(g, w, 1e-12, what)
+
+
+def test_causal_needs_self_attention_without_a_mask():
+    q = torch.zeros(2, 3, 8)
+    with pytest.raises(ValueError, match="causal takes self-attention"):
+        ta.residual_attention(q, torch.zeros(2, 4, 8), torch.zeros(2, 4, 8), None, None, None,
+                              1, 1.0, 0.0, causal=True)  # fmt: skip
+    with pytest.raises(ValueError, match="and an attn_mask"):
+        ta.residual_attention(q, q, q, None, None, causal(3), 1, 1.0, 0.0, causal=True)
+
+
 def test_masked_keys_get_no_probability_and_fully_padded_rows_are_uniform():
     """A fully padded sentence attends to the mean of its values (the eager route's fill), a
     1-token sentence to its one value; padded keys pass no gradient into the stream."""
@@ -182,24 +278,78 @@ def test_masked_keys_get_no_probability_and_fully_padded_rows_are_uniform():
     assert dprev[2:4].abs().max() == 0  # the whole sentence is padded
     assert dprev[4:6, :, 1:].abs().max() == 0  # padded keys
     assert dprev[4:6, :, 0].abs().max() < 1e-12  # the softmax of one key has no gradient
-    assert dprev[0:2].abs().min() >= 0 and dprev[0:2].abs().max() > 0
+    # the full sentence: every row passes a gradient into the stream, at every key
+    assert (dprev[0:2].abs() > 0).all()
+
+
+def philox4x32(seed, counters):
+    """Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3", SC 2011):
+    the four 32-bit outputs of each 64-bit counter (low word, high word, 0, 0) under the 64-bit
+    key ``seed``, in numpy."""
+    mask32 = np.uint64(0xFFFFFFFF)
+    counters = np.asarray(counters, dtype=np.uint64)
+    c0, c1 = counters & mask32, counters >> np.uint64(32)
+    c2, c3 = np.zeros_like(c0), np.zeros_like(c0)
+    k0, k1 = np.uint64(seed & 0xFFFFFFFF), np.uint64(seed >> 32)
+    for _ in range(10):
+        product0 = np.uint64(0xD2511F53) * c0  # exact: both factors below 2**32
+        product2 = np.uint64(0xCD9E8D57) * c2
+        c0, c1, c2, c3 = (
+            (product2 >> np.uint64(32)) ^ c1 ^ k0,
+            product2 & mask32,
+            (product0 >> np.uint64(32)) ^ c3 ^ k1,
+            product0 & mask32,
+        )
+        k0 = (k0 + np.uint64(0x9E3779B9)) & mask32
+        k1 = (k1 + np.uint64(0xBB67AE85)) & mask32
+    return c0, c1, c2, c3
+
+
+def test_philox_matches_the_published_known_answer():
+    """Random123's known-answer test of philox4x32-10 (counter 0, key 0), so that the generator
+    below is Philox, not a copy of the kernel's arithmetic."""
+    words = [int(w[0]) for w in philox4x32(0, [0])]
+    assert words == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
+
+
+def expected_keep(seed, bsz_heads, tgt_len, src_len, p):
+    """The dropout mask the kernels promise (True = kept): key ``n`` of row ``r = bh * tgt_len +
+    i`` takes Philox output ``n % 4`` of counter ``r * ceil(src_len / 4) + n // 4``, kept where
+    its top 31 bits are at least ``round(p * 2**31)``."""
+    groups = -(-src_len // 4)
+    rows = np.arange(bsz_heads * tgt_len, dtype=np.uint64)[:, None]
+    cols = np.arange(src_len, dtype=np.uint64)[None, :]
+    words = philox4x32(seed, rows * np.uint64(groups) + cols // np.uint64(4))
+    bits = np.choose((cols % np.uint64(4)).astype(np.int64), words)
+    keep = (bits >> np.uint64(1)) >= np.uint64(round(p * 2**31))
+    return torch.from_numpy(keep.reshape(bsz_heads, tgt_len, src_len))
+
+
+def test_the_keep_rate_of_the_mask_is_one_minus_p():
+    """1 - p within 0.006 on 200,000 draws (about 5 standard deviations at p = 0.25, 0.1);
+    neighbouring keys (one Philox call) and rows are not correlated beyond that either."""
+    for p in (0.1, 0.25):
+        keep = expected_keep(12345, 4, 250, 200, p)
+        assert abs(keep.double().mean().item() - (1 - p)) < 0.006
+        both = (keep[..., 0::2] & keep[..., 1::2]).double().mean().item()
+        assert abs(both - (1 - p) ** 2) < 0.006
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_dropout_is_the_eager_route_with_the_kernels_own_mask(dtype):
-    """The kernels draw one mask per call from their seed (torch's CPU generator), regenerate it
-    in backward, and compute the eager route with that mask: outputs and every gradient."""
+def test_dropout_is_the_eager_route_with_the_mask_of_a_generator_written_here(dtype):
+    """The kernels draw one mask per call from their seed (torch's CPU generator): the mask of
+    :func:`expected_keep`, which differs between heads, is regenerated in backward (every
+    gradient is the eager route's with that mask), and a second call draws another."""
     p = 0.25
     bsz, tgt_len, src_len = 2, 19, 35
     leaves, d_out, d_stream = inputs(bsz, tgt_len, src_len, dtype, with_prev=True, seed=1)
     kpm = padding([35, 22], src_len)
     torch.manual_seed(7)
     seed = ta.draw_dropout_seed()
-    keep = ta.dropout_keep_mask(seed, bsz * HEADS, tgt_len, src_len, p, "cpu")
-    assert keep.shape == (bsz * HEADS, tgt_len, src_len) and keep.dtype == torch.bool
-    assert 0.65 < keep.float().mean().item() < 0.85  # Bernoulli(1 - p)
-    other = ta.dropout_keep_mask(seed + 1, bsz * HEADS, tgt_len, src_len, p, "cpu")
-    assert (other != keep).any()
+    keep = expected_keep(seed, bsz * HEADS, tgt_len, src_len, p)
+    assert (keep[0] != keep[1]).float().mean() > 0.2  # two heads of one sentence differ
+    # the replay helper (studies/route_precision.py) draws the same mask
+    assert torch.equal(ta.dropout_keep_mask(seed, bsz * HEADS, tgt_len, src_len, p, "cpu"), keep)
     torch.manual_seed(7)  # the call draws the same seed
     got = ta.residual_attention(*leaves, kpm, None, HEADS, 1.0, p)
     tol = TOLERANCE[dtype]
@@ -214,6 +364,8 @@ def test_dropout_is_the_eager_route_with_the_kernels_own_mask(dtype):
         want_grads = gradients(reference, leaves, d_out, d_stream)
         for what, g, w in zip(("dq", "dk", "dv", "dprev"), got_grads, want_grads):
             assert_close(g, w, tol, what + label)
+    again = ta.residual_attention(*leaves, kpm, None, HEADS, 1.0, p)  # the next call's seed
+    assert (again[0].double() - got[0].double()).abs().max() > 0.1
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["float16", "bfloat16"])
@@ -233,6 +385,28 @@ def test_half_precision_inputs_keep_a_float32_stream(dtype):
     for what, g, w in zip(("dq", "dk", "dv", "dprev"), got_grads, want_grads):
         assert g.dtype == (torch.float32 if what == "dprev" else dtype)
         assert_close(g, w, tol, what)
+
+
+@pytest.mark.parametrize("capability", [(8, 0), (8, 6), (9, 0)], ids=["sm80", "sm86", "sm90"])
+def test_short_sequences_get_small_blocks(capability):
+    """The launch table: at 32 tokens no block the route launches is more than 32 wide (never
+    mostly padding); from 65 tokens on, the 16-bit forward's query blocks are 64 wide."""
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        for head_dim in (16, 32, 64, 100, 128):
+            for kernel in ("forward", "backward", "dq"):
+                cfg = ta.launch_config(kernel, head_dim, dtype, capability, 32)
+                width = cfg.block_n if kernel == "backward" else cfg.block_m
+                assert width <= 32, (dtype, head_dim, kernel, cfg)
+            long = ta.launch_config("forward", head_dim, dtype, capability, 65)
+            assert long.block_m == (64 if dtype != torch.float32 else 16)
+    with pytest.raises(ValueError, match="head sizes up to 128, got 130"):
+        ta.launch_config("forward", 130, torch.float16, (9, 0), 512)
+
+
+def test_the_grid_folds_batch_times_heads_into_its_first_axis():
+    """CUDA's second and third grid axes stop at 65,535: 70,000 heads of 100 tokens in 16-wide
+    blocks are one axis of 7 x 70,000 programs."""
+    assert ta._grid(100, 16, 70000) == (7 * 70000,)
 
 
 def test_bad_inputs_stop_with_one_line():

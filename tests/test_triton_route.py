@@ -68,12 +68,17 @@ MISSING_LINE = (
 
 def torch_residual_attention(
     q, k, v, prev_attn_scores, key_padding_mask, attn_mask, num_heads, softmax_divisor,
-    dropout_p, mask_value=-1e30,
+    dropout_p, mask_value=-1e30, causal=False,
 ):  # fmt: skip
     """The kernel's contract in plain torch (the eager route's formula): the new stream
     ``prev + q k^T`` (float32, float64 for float64), the softmax of ``stream / divisor`` plus the
-    masks (fill ``mask_value``), attention dropout, times ``v``."""
+    masks (fill ``mask_value``), attention dropout, times ``v``. ``causal``: the causal mask,
+    and the stream 0 after the diagonal, its gradient there passed on only in rows that see
+    only the fill."""
     dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if causal:
+        assert attn_mask is None
+        attn_mask = torch.full((q.size(1), k.size(1)), float("-inf"), dtype=dtype).triu(1)
     stream = torch.bmm(q, k.transpose(1, 2)).to(dtype)
     if prev_attn_scores is not None:
         stream = stream + prev_attn_scores
@@ -86,6 +91,12 @@ def torch_residual_attention(
         logits = logits.view(-1, num_heads, tgt_len, src_len).masked_fill(padding, mask_value)
         logits = logits.view(bh, tgt_len, src_len)
     probs = F.dropout(torch.softmax(logits, dim=-1), dropout_p, training=True)
+    if causal:
+        future = torch.ones_like(attn_mask, dtype=torch.bool).triu(1)
+        only_fill = (logits.max(dim=-1, keepdim=True).values <= mask_value).detach()
+        zero_passing_gradient = stream - stream.detach()
+        above = torch.where(only_fill, zero_passing_gradient, torch.zeros_like(stream))
+        stream = torch.where(future, above, stream)
     return torch.bmm(probs.to(v.dtype), v), stream
 
 
@@ -106,6 +117,7 @@ def kernel(request, monkeypatch):
     stand_in = types.ModuleType("triton_attention_stand_in")
     stand_in.residual_attention = recorded
     stand_in.INTERPRETED = True  # as the kernels' module under TRITON_INTERPRET=1
+    stand_in.MAX_HEAD_DIM = 128  # as the kernels'
     monkeypatch.setattr(triton_route, "kernel_module", lambda: stand_in)
     monkeypatch.setattr(settings, "triton_installed", lambda: True)
     return types.SimpleNamespace(name="torch", calls=calls, tolerance=EXACT)
@@ -205,7 +217,9 @@ def test_encoder_only_model_equals_the_eager_route(kernel):
 def test_module_chain_with_causal_mask_and_fully_padded_rows_equals_eager(kernel, mode):
     """Three layers, right padding and a fully padded sequence (under the causal mask, the
     left-padded rows see only masked keys): outputs, streams and every gradient (the
-    parameters' and the input's, through the kernel's backward and the stream's)."""
+    parameters' and the input's, through the kernel's backward and the stream's). The causal
+    mask is made in the kernel: the stream is the eager route's on and before the diagonal and
+    0 after it (the loss reads the last stream on and before it)."""
     from test_concat_route import masks
 
     causal, pad = masks()
@@ -225,14 +239,16 @@ def test_module_chain_with_causal_mask_and_fully_padded_rows_equals_eager(kernel
         weight = torch.randn(
             y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2)
         )
-        ((y * weight).sum() + streams[-1].sin().sum()).backward()
+        ((y * weight).sum() + streams[-1].tril().sin().sum()).backward()
         grads = [x.grad] + [p.grad for m in layers for p in m.parameters()]
         results.append((y, streams, grads, layers))
     (want, want_streams, want_grads, _), (got, got_streams, got_grads, layers) = results
     assert {m.last_kernel for m in layers} == {FUSED}
     torch.testing.assert_close(got, want, **kernel.tolerance)
+    future = torch.ones(6, 6, dtype=torch.bool).triu(1)
     for a, b in zip(got_streams, want_streams):
-        torch.testing.assert_close(a, b, **kernel.tolerance)
+        assert (a[:, future] == 0).all()
+        torch.testing.assert_close(a, b.masked_fill(future, 0), **kernel.tolerance)
     scale = max(g.abs().max().item() for g in want_grads)
     for a, b in zip(got_grads, want_grads):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * scale)
@@ -350,6 +366,48 @@ def test_the_kernel_gets_the_dropout_that_fairseqs_dropout_would_apply(kernel):
     m.eval()(x, x, x, need_weights=False)
     assert [c["dropout_p"] for c in kernel.calls] == [0.3, 0.0, 0.3]
     assert m.last_kernel == FUSED
+
+
+def test_the_decoder_chains_causal_mask_is_made_in_the_kernel(kernel):
+    """The decoder's self-attention gets fairseq's -inf future mask: the kernel is called with
+    causal=True and no mask tensor; cross-attention and the encoder get theirs as before."""
+    if kernel.name != "torch":
+        pytest.skip("reads the stand-in's recorded calls")
+    _, routed, dictionary = triton_pair(decoder_layers=2, encoder_layers=1, **NO_DROPOUT)
+    src, src_lengths, tgt = random_batch(dictionary, bsz=2, src_len=5, tgt_len=6)
+    routed.train()(src, src_lengths, tgt)
+    causal = [c.get("causal", False) for c in kernel.calls]
+    # encoder layer, then per decoder layer: self-attention, cross-attention (the last one's
+    # cross-attention returns its probabilities: eager)
+    assert causal == [False, True, False, True]
+
+
+def test_causal_masks_are_recognised_once_per_mask():
+    n = 5
+    future = torch.triu(torch.full((n, n), float("-inf")), 1)
+    assert triton_route.is_causal_mask(future, -1e30)
+    assert triton_route.is_causal_mask(future.clamp(min=-1e30), -1e30)
+    assert not triton_route.is_causal_mask(future.clamp(min=-1e8), -1e30)  # not the fill
+    assert not triton_route.is_causal_mask(future[:4], -1e30)  # not square
+    assert not triton_route.is_causal_mask(torch.zeros(n, n), -1e30)
+    other = future.clone()
+    other[3, 1] = float("-inf")  # a key before the query masked
+    assert not triton_route.is_causal_mask(other, -1e30)
+    big = torch.triu(torch.full((8, 8), float("-inf")), 1)
+    assert triton_route.is_causal_mask(big[:6, :6], -1e30)  # fairseq slices its cached mask
+    big[2, 3] = 0.0  # changed in place: checked again
+    assert not triton_route.is_causal_mask(big[:6, :6], -1e30)
+
+
+def test_head_sizes_above_the_kernels_are_refused_when_the_model_is_built(kernel):
+    with pytest.raises(RealformerConfigError) as err:
+        TritonRealformerMultiheadAttention(
+            512, 2, residual_attention_mode="sum", self_attention=True
+        )
+    assert str(err.value) == (
+        "--residual-attention-impl triton: the kernels take head sizes up to 128, this "
+        "model's is 256 (512 / 2 heads); --residual-attention-impl eager runs it"
+    )
 
 
 # ---------------------------------------------------------------- without triton

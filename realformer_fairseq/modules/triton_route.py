@@ -9,7 +9,11 @@ backward. This route runs it as one fused Triton kernel per layer
 (:func:`realformer_fairseq.modules.triton_attention.residual_attention`): it reads the previous
 stream, writes the new one, and keeps only q, k, v, the output, the log-sum-exp and the
 streams; its backward reads the stream once and regenerates the attention dropout mask from
-its counter-based RNG.
+its counter-based RNG. A decoder self-attention chain's causal mask (fairseq's ``-inf`` future
+mask, recognised once per mask tensor by :func:`is_causal_mask`) is made in the kernels from
+the indices: its blocks wholly after the diagonal are not computed, and the stream holds 0
+there (the same probabilities for any layer that reads it: see ``residual_attention``). Head
+sizes above the kernels' 128 are refused in one line when the module is built.
 
 ``triton`` is an optional extra (``pip install -e '.[triton]'``; CUDA builds of torch ship it).
 Nothing imports it before a model with this route is built: this module does not, and
@@ -44,6 +48,33 @@ logger = logging.getLogger(__name__)
 
 # the reasons for the eager route already said at WARNING in this process
 _WARNED = set()
+
+# attention masks already checked for causality: (mask, its version, whether causal), newest
+# last. The masks are kept (a few): no other tensor takes their memory while they are here
+_CAUSAL_SEEN = []
+_CAUSAL_SEEN_MAX = 16
+
+
+def is_causal_mask(attn_mask: Tensor, mask_value: float) -> bool:
+    """Whether ``attn_mask`` is a causal mask: square, 0 on and below the diagonal, at most the
+    fill ``mask_value`` after it (fairseq's ``-inf`` future mask). Checked once per mask (its
+    storage, shape, strides and version: fairseq's decoder slices one cached mask per batch),
+    so that the kernels make it from the indices instead of reading it."""
+    if attn_mask.dim() != 2 or attn_mask.size(0) != attn_mask.size(1):
+        return False
+    key = (attn_mask.data_ptr(), attn_mask.shape, attn_mask.stride(), attn_mask.dtype,
+           attn_mask.device)  # fmt: skip
+    for seen, version, verdict in _CAUSAL_SEEN:
+        same = (seen.data_ptr(), seen.shape, seen.stride(), seen.dtype, seen.device) == key
+        if same and version == attn_mask._version:
+            return verdict
+    n = attn_mask.size(0)
+    future = torch.ones(n, n, dtype=torch.bool, device=attn_mask.device).triu(1)
+    verdict = bool(torch.where(future, attn_mask <= mask_value, attn_mask == 0).all())
+    _CAUSAL_SEEN.append((attn_mask, attn_mask._version, verdict))
+    del _CAUSAL_SEEN[:-_CAUSAL_SEEN_MAX]
+    return verdict
+
 
 FUSED = "fused Triton kernel"
 
@@ -92,7 +123,13 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         **kwargs,
     ):
         super().__init__(embed_dim, num_heads, residual_attention_mode, **kwargs)
-        kernel_module()  # at build time: a missing triton stops the build, not the first batch
+        kernels = kernel_module()  # at build time: a missing triton stops the build
+        if self.head_dim > kernels.MAX_HEAD_DIM:
+            raise RealformerConfigError(
+                f"--residual-attention-impl triton: the kernels take head sizes up to "
+                f"{kernels.MAX_HEAD_DIM}, this model's is {self.head_dim} "
+                f"({embed_dim} / {num_heads} heads); --residual-attention-impl eager runs it"
+            )
         self.residual_attention_impl = "triton"
         # plain attributes (TorchScript reads no module globals; it never runs the kernel)
         self.rule_dtypes = [str(d) for d in rule.dtypes] if rule is not None else []
@@ -191,7 +228,14 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
             dropout_p = float(dropout.p)  # where FairseqDropout.forward would drop
         divisor = float(layer_idx + 1) if self.residual_attention_mode == "mean" else 1.0
         stream_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-        if attn_mask is not None:  # the eager route's finite fill (-inf, -1e8 -> -1e30)
+        causal = (
+            attn_mask is not None
+            and q.size(1) == k.size(1)
+            and is_causal_mask(attn_mask, self.mask_value)
+        )
+        if causal:  # made in the kernels from the indices
+            attn_mask = None
+        elif attn_mask is not None:  # the eager route's finite fill (-inf, -1e8 -> -1e30)
             attn_mask = attn_mask.to(stream_dtype).clamp(min=self.mask_value)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
@@ -207,7 +251,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
             prev_attn_scores = prev_attn_scores.to(stream_dtype)
         return kernel_module().residual_attention(
             q, k, v, prev_attn_scores, key_padding_mask, attn_mask, self.num_heads,
-            divisor, dropout_p, mask_value=self.mask_value,
+            divisor, dropout_p, mask_value=self.mask_value, causal=causal,
         )  # fmt: skip
 
     @torch.jit.unused
