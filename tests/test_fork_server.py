@@ -153,8 +153,8 @@ print("ran the command itself")
 """
     before = forks()
     env = dict(os.environ, **{fork_server.SOCKET_VARIABLE: ADDRESS})
-    proc = subprocess.Popen([sys.executable, "-c", probe], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", probe], stdin=subprocess.PIPE, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
     try:
         assert proc.wait(120) == 70
         assert forks() == before + 1, server_log()[-2000:]
