@@ -6,9 +6,10 @@ it into ``PROG: error: <message>`` on stderr and exit status 1, with :func:`exit
 (a decorator of the command's ``main``) or :func:`run_cli` (an argparse parser whose
 sub-commands set ``fn``). Neither changes the process: a ``main`` called from Python code
 (tests, notebooks) leaves it as it was; only the console-script entry point itself
-(``cli_main``, a script's ``if __name__ == "__main__"`` block) calls
-:func:`realformer_pipelines.startup.mark_console_command`. The plugin's :class:`realformer_fairseq.errors.RealformerConfigError`
-is an :class:`InputError`, so the same helper serves every console command of the project.
+(``cli_main``, a script's ``if __name__ == "__main__"`` block) goes through
+:func:`realformer_pipelines.startup.console_entry_point`. The plugin's
+:class:`realformer_fairseq.errors.RealformerConfigError` is an :class:`InputError`, so the same
+helper serves every console command of the project.
 """
 
 import functools

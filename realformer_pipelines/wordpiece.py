@@ -22,7 +22,7 @@ import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from .errors import InputError, exit_with_one_line
-from .startup import mark_console_command
+from .startup import console_entry_point
 
 logger = logging.getLogger(__name__)
 
@@ -215,8 +215,8 @@ def _lines(path: str):
     return open(path, encoding="utf-8")
 
 
+@console_entry_point
 def cli_main(argv: Optional[Sequence[str]] = None):
-    mark_console_command()  # this process is the command (startup.py)
     sys.exit(main(argv))
 
 

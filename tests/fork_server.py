@@ -7,6 +7,16 @@ when only torch, scikit-learn and scipy were preloaded). The default suite's for
 (fairseq-train, -preprocess, -generate, ..., the plugin's console scripts, the pipelines' helpers
 that read checkpoints) took 670 s of CPU with torch, scikit-learn and scipy preloaded.
 
+What each part buys (issue 52, measured 2026-12-07 side by side, one server variant after the
+other on the same loaded machine: CPU of a forked ``fairseq-preprocess --help`` / ``fairseq-train
+--help`` with its exit, mean of five, from the server's ``wait4``): 0.32 / 0.30 s as here; 1.23 /
+1.26 s without the fairseq preload (and so without its logging replay); 1.06 / 1.10 s with the
+preload not frozen; 3.8-4.0 s as a fresh process. The default suite forks 176 commands (196 before
+issue 52's in-process tests; counted per test file, docs/benchmarks.md "Tests"), so the fork
+server saves about 3.6 s x 176 = 630 s of CPU a run, the fairseq preload with its replay about
+0.93 s x 176 = 165 s, the freeze about 0.76 s x 176 = 135 s: on two workers each is more than
+the suite's margin under its 8 minutes (25-40 s), so each stays.
+
 Nothing of the plugin is imported before the fork, and of fairseq only what ``import fairseq``
 loads, with the one thing that import does outside fairseq's own modules (``logging.basicConfig``
 calls of its speech and wav2vec modules) replayed at the command's own first import of fairseq,

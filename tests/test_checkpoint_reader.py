@@ -10,12 +10,20 @@ file that is no fairseq checkpoint, a pickled object fairseq never writes), an u
 fairseq's upgrade steps on a file that has a model and a config) keeps its traceback: the same
 in all three commands (before: "not a fairseq checkpoint" for all of them in the first, a
 traceback or "cannot read the checkpoint" in the last).
+
+Each command's ``main`` runs here, in the test's process, on every kind of file (its one error
+line is what its entry point prints; a traceback is what Python prints for an exception out of
+it), and each command runs once as a user types it, on one kind, for the wiring (before: 18
+processes that import fairseq, one per command and kind).
 """
 
+import contextlib
 import fractions
+import io
 import json
 import subprocess
 import sys
+import traceback
 from argparse import Namespace
 from pathlib import Path
 
@@ -89,6 +97,21 @@ def run(*cmd):
                           text=True, env=harness.pipeline_env(), timeout=300)  # fmt: skip
 
 
+def run_main(main, *argv) -> subprocess.CompletedProcess:
+    """``main(ARGV)`` in this process, as its command's process would end: the exit status of
+    its SystemExit (one error line on stderr), or 1 and the traceback of any other exception."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            status = main([str(a) for a in argv])
+        except SystemExit as stop:
+            status = stop.code
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            status = 1
+    return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
+
+
 @pytest.fixture(scope="module")
 def bad(tmp_path_factory):
     return checkpoints(tmp_path_factory.mktemp("bad_checkpoints"))
@@ -97,10 +120,17 @@ def bad(tmp_path_factory):
 KINDS = ["corrupt", "corrupt_string", "state_dict", "pickled_object", "unknown_arch", "upgrade_bug"]
 
 
+def model_info_argv(path):
+    return ["model-info", "--model", path]
+
+
 @pytest.mark.parametrize("kind", KINDS)
-def test_pipelines_model_info(bad, kind):
+def test_pipelines_model_info(bad, kind, monkeypatch):
+    from realformer_pipelines import tools
+
+    monkeypatch.delenv("REALFORMER_PIPELINE_NAME", raising=False)  # the tools' own name
     path, expected = bad[kind]
-    proc = run(sys.executable, "-m", "realformer_pipelines.tools", "model-info", "--model", path)
+    proc = run_main(tools.main, *model_info_argv(path))
     assert_outcome(proc, "realformer_pipelines", kind, path, expected)
 
 
@@ -130,12 +160,16 @@ def glue_data_bin(tmp_path_factory):
     return root
 
 
+def glue_predict_argv(path, data_bin, out):
+    return ["predict", "--task", "CoLA", "--checkpoint", path, "--data-bin", data_bin,
+            "--subsets", "valid", "--out-dir", out, "--cpu"]  # fmt: skip
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_glue_predict(bad, glue_data_bin, kind, tmp_path):
     path, expected = bad[kind]
-    proc = run(sys.executable, GLUE / "glue_tools.py", "predict", "--task", "CoLA",
-               "--checkpoint", path, "--data-bin", glue_data_bin, "--subsets", "valid",
-               "--out-dir", tmp_path / "pred", "--cpu")  # fmt: skip
+    glue_tools = harness.pipeline_module("glue", "glue_tools")
+    proc = run_main(glue_tools.main, *glue_predict_argv(path, glue_data_bin, tmp_path / "pred"))
     assert_outcome(proc, "glue", kind, path, expected)
 
 
@@ -152,10 +186,36 @@ def mlm_data_bin(tmp_path_factory):
     return root
 
 
+def pretrain_evaluate_argv(path, data_bin, out):
+    return ["evaluate", "--data-bin", data_bin, "--checkpoint-dir", path.parent, "--out-dir", out,
+            "--cpu"]  # fmt: skip
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_pretrain_bert_evaluate(bad, mlm_data_bin, kind, tmp_path):
     path, expected = bad[kind]
-    proc = run(sys.executable, PRETRAIN / "pretrain_tools.py", "evaluate", "--data-bin",
-               mlm_data_bin, "--checkpoint-dir", path.parent, "--out-dir", tmp_path / "eval",
-               "--cpu")  # fmt: skip
+    pretrain_tools = harness.pipeline_module("pretrain_bert", "pretrain_tools")
+    proc = run_main(
+        pretrain_tools.main, *pretrain_evaluate_argv(path, mlm_data_bin, tmp_path / "e")
+    )
     assert_outcome(proc, "pretrain_bert", kind, path, expected)
+
+
+@pytest.mark.parametrize("command", ["model-info", "glue", "pretrain_bert"])
+def test_each_command_as_typed(bad, glue_data_bin, mlm_data_bin, command, tmp_path):
+    """The wiring: each command as its pipeline runs it, on one kind each (a one-line error
+    through each entry point, and a traceback through one)."""
+    if command == "model-info":
+        path, expected = bad["pickled_object"]
+        proc = run(sys.executable, "-m", "realformer_pipelines.tools", *model_info_argv(path))
+        assert_outcome(proc, "realformer_pipelines", "pickled_object", path, expected)
+    elif command == "glue":
+        path, expected = bad["corrupt"]
+        proc = run(sys.executable, GLUE / "glue_tools.py",
+                   *glue_predict_argv(path, glue_data_bin, tmp_path / "pred"))  # fmt: skip
+        assert_outcome(proc, "glue", "corrupt", path, expected)
+    else:
+        path, expected = bad["upgrade_bug"]
+        proc = run(sys.executable, PRETRAIN / "pretrain_tools.py",
+                   *pretrain_evaluate_argv(path, mlm_data_bin, tmp_path / "eval"))  # fmt: skip
+        assert_outcome(proc, "pretrain_bert", "upgrade_bug", path, expected)

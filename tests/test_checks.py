@@ -184,7 +184,7 @@ def test_preprocess_commands_write_what_fairseq_preprocess_writes(tmp_path):
 
 
 def test_console_commands_freeze_their_imports_and_python_code_is_left_alone():
-    """startup.py: a console command (its entry point calls mark_console_command) pauses the
+    """startup.py: a console command (its entry point goes through console_entry_point) pauses the
     collector while fairseq loads and freezes what it loaded; the same import from Python code
     changes nothing of the collector."""
     import subprocess
@@ -193,7 +193,7 @@ def test_console_commands_freeze_their_imports_and_python_code_is_left_alone():
     probe = """
 import gc, sys
 from realformer_pipelines.errors import exit_with_one_line
-from realformer_pipelines.startup import heavy_imports, mark_console_command
+from realformer_pipelines.startup import console_entry_point, heavy_imports
 with heavy_imports():
     import json
 print(gc.get_freeze_count() == 0, gc.isenabled())
@@ -204,8 +204,7 @@ def main():
         seen.append(gc.isenabled())
         import fairseq
     print(seen[0], gc.isenabled(), gc.get_freeze_count() > 100000, "fairseq" in sys.modules)
-mark_console_command()  # what a console script's cli_main does first
-main()
+console_entry_point(main)()  # what a console script's entry point does
 """
     proc = subprocess.run([sys.executable, "-c", probe], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE, text=True)  # fmt: skip

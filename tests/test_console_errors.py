@@ -2,8 +2,15 @@
 re-exported as realformer_fairseq.errors.exit_with_one_line): each command the project installs
 or ships, run as a user types it on an input that does not exist, exits with status 1 and prints
 exactly one line ``PROG: error: ...`` and no traceback (before: realformer-attention-stats and
-realformer-average-checkpoints exited 2, and five modules wrote the line five ways)."""
+realformer-average-checkpoints exited 2, and five modules wrote the line five ways).
 
+Every entry point goes through one wrapper (realformer_pipelines.startup.console_entry_point:
+the process is the command, its imports frozen), and where triton is imported the one line is
+still the last (before: 27 lines of triton's nanobind "leaked instance" warnings after it)."""
+
+import ast
+import importlib
+import importlib.util
 import os
 import re
 import subprocess
@@ -72,3 +79,71 @@ def test_no_module_writes_the_error_line_itself():
             if re.search(r"error: \{", path.read_text(encoding="utf-8")):
                 writers.append(str(path.relative_to(REPO_ROOT)))
     assert writers == ["realformer_fairseq/errors.py", "realformer_pipelines/errors.py"]
+
+
+# setup.py's console scripts, written out: a new one is added here, and goes through the wrapper
+CONSOLE_SCRIPTS = {
+    "realformer-average-checkpoints": "realformer_fairseq.cli.average_checkpoints:cli_main",
+    "realformer-attention-stats": "realformer_fairseq.cli.attention_stats:cli_main",
+    "realformer-import-tf": "realformer_fairseq.cli.import_tf:cli_main",
+    "realformer-wordpiece": "realformer_pipelines.wordpiece:cli_main",
+    "realformer-squad": "realformer_fairseq.cli.squad:cli_main",
+    "realformer-squad-eval": "realformer_fairseq.cli.squad_eval:cli_main",
+}
+
+
+def test_every_entry_point_goes_through_the_console_wrapper():
+    """Each console script of setup.py is a function decorated with console_entry_point; each
+    script's ``__main__`` block calls one of them or ``console_entry_point(main)()``; no module
+    marks the process itself (mark_console_command outside startup.py)."""
+    setup = ast.parse((REPO_ROOT / "setup.py").read_text(encoding="utf-8"))
+    scripts = [
+        node.value
+        for node in ast.walk(setup)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "=" in node.value
+        and ":" in node.value and node.value.startswith("realformer-")
+    ]  # fmt: skip
+    assert dict(script.split("=") for script in scripts) == CONSOLE_SCRIPTS
+    for name, target in CONSOLE_SCRIPTS.items():
+        module, function = target.split(":")
+        entry_point = getattr(importlib.import_module(module), function)
+        assert getattr(entry_point, "console_entry_point", False) is True, name
+    modules_with_a_console_script = {t.split(":")[0] for t in CONSOLE_SCRIPTS.values()}
+    mains = []
+    for root in ("realformer_fairseq", "realformer_pipelines", "examples"):
+        for path in sorted((REPO_ROOT / root).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            relative = path.relative_to(REPO_ROOT)
+            if relative.as_posix() != "realformer_pipelines/startup.py":
+                assert "mark_console_command()" not in text, relative
+            if 'if __name__ == "__main__":' not in text:
+                continue
+            block = text.split('if __name__ == "__main__":')[1]
+            module = ".".join(relative.with_suffix("").parts)
+            if block.strip() == "cli_main()":
+                assert module in modules_with_a_console_script, relative
+            else:
+                assert "sys.exit(console_entry_point(main)())" in block, relative
+            mains.append(relative.as_posix())
+    assert len(mains) == 15, mains  # the six console scripts' modules and nine pipeline scripts
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="needs triton (the [triton] extra, as CUDA builds of torch have; .ci/run runs the "
+    "default suite in its triton venv too)",
+)
+def test_with_triton_imported_a_commands_one_line_is_the_last(tmp_path):
+    """Issue 53: the wrapper freezes what the command imported (gc.freeze), and a frozen object
+    outlives the interpreter's last collection; triton's bindings (nanobind) print a "leaked
+    instance" line for each of theirs still alive at exit (before: 4 lines after ``import
+    triton``, 27 with the plugin's kernels)."""
+    missing = tmp_path / "missing.txt"
+    probe = "import sys, triton\nfrom realformer_pipelines.wordpiece import cli_main\ncli_main()"
+    proc = subprocess.run([sys.executable, "-c", probe, "--vocab", str(missing)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 1
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [
+        f"realformer-wordpiece: error: no vocabulary file {missing}"
+    ]

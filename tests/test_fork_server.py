@@ -136,13 +136,14 @@ def test_once_started_the_caller_never_runs_the_command_itself():
     """Issue 46: an error in the calling process after the server said "started" (here:
     installing its signal forwarders fails) stops it with one line and status 70; it never falls
     back to running the command itself beside the forked copy (two fairseq-train in one save
-    dir). The forked copy is killed with the caller's connection."""
+    dir). The forked copy, blocked on its standard input (which the test holds open), is killed
+    with the caller's connection."""
     script = str(BIN / "fairseq-score")
     probe = f"""
 import signal, sys
 sys.path.insert(0, {str(Path(fork_server.__file__).parent)!r})
 import fork_server
-sys.argv = [{script!r}, "--sys", "/dev/null", "--ref", "/dev/null"]
+sys.argv = [{script!r}, "--ref", "/dev/null", "--sys", "-"]
 sys.orig_argv = [sys.executable] + sys.argv
 def broken(*args):
     raise OSError("injected")
@@ -151,16 +152,32 @@ fork_server.delegate()
 print("ran the command itself")
 """
     before = forks()
-    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          env=dict(os.environ, **{fork_server.SOCKET_VARIABLE: ADDRESS}),
-                          timeout=120)  # fmt: skip
-    assert (proc.returncode, proc.stdout) == (70, ""), (proc.stdout, proc.stderr)
-    assert proc.stderr.splitlines() == ["fork server client: injected after handing the command "
-                                        "to the server; not running it here too"]  # fmt: skip
+    env = dict(os.environ, **{fork_server.SOCKET_VARIABLE: ADDRESS})
+    proc = subprocess.Popen([sys.executable, "-c", probe], stdin=subprocess.PIPE, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)  # fmt: skip
+    try:
+        assert proc.wait(120) == 70
+        assert forks() == before + 1, server_log()[-2000:]
+        pid = int(re.findall(r"forked (\d+): ", server_log())[-1])
+        assert_gone(pid, "the forked command outlived its caller's connection")
+        out, err = proc.communicate(timeout=10)  # the fork held the pipes open until it died
+    finally:
+        proc.kill()
+    assert out == ""
+    assert err.splitlines() == ["fork server client: injected after handing the command to the "
+                                "server; not running it here too"]  # fmt: skip
+
+
+def assert_gone(pid, message):
+    """The process ``pid`` ends (and is reaped) within 10 seconds."""
     deadline = time.time() + 10
-    while forks() == before and time.time() < deadline:
+    while time.time() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
         time.sleep(0.1)
-    assert forks() == before + 1, server_log()[-2000:]
+    pytest.fail(f"{message}: {pid}")
 
 
 def _blocked_on_stdin(address):
@@ -195,15 +212,7 @@ def test_signals_reach_the_command_and_a_killed_caller_takes_it_along():
     os.kill(pid, 0)  # running
     forked.kill()
     forked.wait(30)
-    deadline = time.time() + 10
-    while time.time() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            break
-        time.sleep(0.1)
-    else:
-        pytest.fail(f"the forked command {pid} outlived its killed caller")
+    assert_gone(pid, "the forked command outlived its killed caller")
 
 
 def log_layout(text: str):

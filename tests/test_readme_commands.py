@@ -236,6 +236,9 @@ def check_readme_run(block, layout, **_):
         )
     elif "fairseq-hydra-train" in names:
         assert (quickstart / "hydra" / "checkpoint_last.pt").is_file()
+        # Hydra's run folder is the one given (hydra.run.dir), not outputs/DATE/TIME/ in the clone
+        assert (quickstart / "hydra" / ".hydra" / "config.yaml").is_file()
+        assert not (layout / "outputs").exists()
     elif "fairseq-eval-lm" in names:
         assert re.search(r"Loss \(base 2\): [\d.]+, Perplexity: [\d.]+", proc.stdout + proc.stderr)
     elif "fairseq-train" in names:

@@ -381,32 +381,54 @@ def imported_model_and_data_bin(tmp_path_factory):
 # run_squad.py's schedule, computed here by hand for 3000 training questions, 2 epochs:
 # int(3000 / batch * 2.0) updates, int(updates * 0.1) warm-up; --max-update alone: 10 % of it
 @pytest.mark.parametrize(
-    "options, batch_per_gpu, updates, warmup",
+    "options, batch, updates, warmup",
     [
-        ([], 12, 250, 25),  # the recipe's batch 24: 3000 / 24 * 2 = 250
-        (["--batch-size", "32"], 16, 187, 18),  # 187.5 -> 187, 18.7 -> 18
-        (["--batch-size", "32", "--warmup", "5"], 16, 187, 5),
-        (["--max-update", "100"], 12, 100, 10),
-        (["--warmup", "7"], 12, 250, 7),
-        (["--batch-size", "10", "--max-update", "33"], 5, 33, 3),
+        ([], 24, 250, 25),  # the recipe's batch 24: 3000 / 24 * 2 = 250
+        (["--batch-size", "32"], 32, 187, 18),  # 187.5 -> 187, 18.7 -> 18
+        (["--batch-size", "32", "--warmup", "5"], 32, 187, 5),
+        (["--max-update", "100"], 24, 100, 10),
+        (["--warmup", "7"], 24, 250, 7),
+        (["--batch-size", "10", "--max-update", "33"], 10, 33, 3),
     ],
 )
 def test_finetune_schedule_is_run_squads_for_the_chosen_batch(
-    imported_model_and_data_bin, options, batch_per_gpu, updates, warmup
+    options, batch, updates, warmup, capsys
 ):
-    """finetune.sh takes the schedule from recipes.schedule (one formula, no copy in shell): the
-    fairseq-train command's batch, updates and warm-up, over 2 GPUs."""
+    """finetune.sh takes the schedule from recipes.py shell (recipes.schedule: one formula, no
+    copy in shell), run here in-process: the fairseq-train flags' batch, updates and warm-up, and
+    the P_* values finetune.sh reads (finetune.sh's own use of them: the test below)."""
+    recipes = pipeline_module("squad", "recipes")
+    argv = ["shell", "--version", "2.0", "--train-examples", "3000", *options]
+    assert recipes.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("RECIPE_TRAIN=(") and lines[0].endswith(")")
+    words = shlex.split(lines[0][len("RECIPE_TRAIN=(") : -1])
+    values = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
+    flags = ("--batch-size", "--max-update", "--warmup-updates")
+    assert [words.count(f) for f in flags] == [1, 1, 1]
+    schedule = [values[f] for f in ("--batch-size", "--max-update", "--total-num-update")]
+    schedule.append(values["--warmup-updates"])
+    assert schedule == [str(batch), str(updates), str(updates), str(warmup)]
+    assert lines[1].startswith(f"P_BATCH={batch} P_UPDATES={updates} P_WARMUP={warmup} ")
+
+
+def test_finetune_passes_the_schedule_options_and_splits_the_batch_over_the_gpus(
+    imported_model_and_data_bin,
+):
+    """finetune.sh --dry-run with --batch-size, --max-update and --warmup over 2 GPUs: the
+    fairseq-train command has the per-GPU batch, the updates and the warm-up given."""
     checkpoint, data_bin = imported_model_and_data_bin
     proc = ok(bash("finetune.sh", "--data-bin", data_bin, "--checkpoint", checkpoint, "--gpus", "2",
-                   *options, "--dry-run"))  # fmt: skip
+                   "--batch-size", "32", "--max-update", "100", "--warmup", "5",
+                   "--dry-run"))  # fmt: skip
     words = shlex.split(proc.stdout)
     values = {w: words[i + 1] for i, w in enumerate(words[:-1]) if w.startswith("--")}
     flags = ("--batch-size", "--max-update", "--warmup-updates")
     assert [words.count(f) for f in flags] == [1, 1, 1]
     assert (values["--batch-size"], values["--max-update"], values["--total-num-update"],
-            values["--warmup-updates"]) == (str(batch_per_gpu), str(updates), str(updates),
-                                            str(warmup))  # fmt: skip
-    assert f"batch {batch_per_gpu * 2} (2 x {batch_per_gpu})" in proc.stderr
+            values["--warmup-updates"], values["--distributed-world-size"]) == (
+        "16", "100", "100", "5", "2")  # fmt: skip
+    assert "batch 32 (2 x 16)" in proc.stderr
 
 
 def test_readme_recipe_table_is_the_recipe_module():

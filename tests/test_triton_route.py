@@ -38,7 +38,7 @@ from harness import (
     translation_train_args,
     write_lines,
 )
-from test_concat_route import assert_grads_equal, lm_causal_chain_pair
+from test_concat_route import assert_grads_equal, lm_causal_chain_pair, model_pair
 
 from realformer_fairseq import settings
 from realformer_fairseq.errors import RealformerConfigError
@@ -125,15 +125,7 @@ def kernel(request, monkeypatch):
 
 def triton_pair(arch="realformer_tiny", **overrides):
     """The eager route's model and the triton route's, float64, with the same weights."""
-    models = []
-    for route in ("eager", "triton"):
-        torch.manual_seed(0)
-        model, dictionary = build_translation_model(
-            arch, init_type="default", residual_attention_impl=route, **overrides
-        )
-        models.append(model.double())
-    models[1].load_state_dict(models[0].state_dict())
-    return models[0], models[1], dictionary
+    return model_pair(arch, "triton", **overrides)
 
 
 def triton_modules(model):

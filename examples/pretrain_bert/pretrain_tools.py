@@ -403,7 +403,6 @@ def quiet_library_logging():
 
 if __name__ == "__main__":
     quiet_library_logging()
-    from realformer_pipelines.startup import mark_console_command
+    from realformer_pipelines.startup import console_entry_point
 
-    mark_console_command()  # this process is the command
-    sys.exit(main())
+    sys.exit(console_entry_point(main)())  # this process is the command

@@ -405,7 +405,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    from realformer_pipelines.startup import mark_console_command
+    from realformer_pipelines.startup import console_entry_point
 
-    mark_console_command()  # this process is the command
-    sys.exit(main())
+    sys.exit(console_entry_point(main)())  # this process is the command

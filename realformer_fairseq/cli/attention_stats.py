@@ -42,7 +42,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from realformer_pipelines.startup import mark_console_command
+from realformer_pipelines.startup import console_entry_point
 
 from ..atomic_files import atomic_output, write_json_atomic
 from ..errors import RealformerConfigError, exit_with_one_line
@@ -524,8 +524,8 @@ def main(args) -> dict:
     return result
 
 
+@console_entry_point
 def cli_main(argv: Optional[Sequence[str]] = None):
-    mark_console_command()  # this process is the command (realformer_pipelines.startup)
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",
         datefmt="%Y-%m-%d %H:%M:%S",

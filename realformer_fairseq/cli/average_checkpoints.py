@@ -32,7 +32,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from realformer_pipelines.startup import mark_console_command
+from realformer_pipelines.startup import console_entry_point
 
 from ..atomic_files import atomic_output
 from ..errors import RealformerConfigError, exit_with_one_line
@@ -285,8 +285,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+@console_entry_point
 def cli_main():
-    mark_console_command()  # this process is the command (realformer_pipelines.startup)
     # fairseq-style log lines (force: importing fairseq may have configured logging already)
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",

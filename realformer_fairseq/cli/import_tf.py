@@ -21,6 +21,8 @@ import os
 import sys
 from typing import Optional, Sequence
 
+from realformer_pipelines.startup import console_entry_point
+
 PROG = "realformer-import-tf"
 
 
@@ -59,10 +61,8 @@ def get_parser() -> argparse.ArgumentParser:
     return parser
 
 
+@console_entry_point
 def cli_main(argv: Optional[Sequence[str]] = None):
-    from realformer_pipelines.startup import mark_console_command
-
-    mark_console_command()  # this process is the command (realformer_pipelines.startup)
     args = get_parser().parse_args(argv)
     logging.basicConfig(
         format="%(asctime)s | %(levelname)s | %(name)s | %(message)s",

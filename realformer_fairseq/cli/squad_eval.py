@@ -16,7 +16,7 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from realformer_pipelines.startup import mark_console_command
+from realformer_pipelines.startup import console_entry_point
 
 from ..errors import exit_with_one_line
 
@@ -70,8 +70,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+@console_entry_point
 def cli_main(argv: Optional[Sequence[str]] = None):
-    mark_console_command()  # this process is the command (realformer_pipelines.startup)
     sys.exit(main(argv))
 
 
