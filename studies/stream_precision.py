@@ -69,7 +69,7 @@ def run(layers, case: str, length: int, dtype: torch.dtype, streams: Optional[Li
     stream, loss = None, 0.0
     for idx, module in enumerate(layers):
         out, _, stream, _, _ = module(
-            query, kv, kv, key_padding_mask=padding, attn_mask=attn_mask,
+            query, kv, kv, key_padding_mask=padding, attn_mask=attn_mask, need_weights=False,
             prev_attn_scores=stream, layer_idx=idx,
         )  # fmt: skip
         if streams is not None:
@@ -112,16 +112,35 @@ def rebuilt_streams(layers, case: str, length: int):
     return grads, forward, rebuilt
 
 
-def measure(case: str, mode: str, depth: int = DEPTH, length: int = LENGTH) -> Dict:
+def float32_layers(reference: List, case: str, route: str, one_stream: bool) -> List:
+    """``reference``'s weights in float32 layers of ``route``: keeping one stream per chain
+    (``one_stream``) or each layer its own (the eager route's plain autograd; the triton
+    route's ``one_stream_per_chain = False``)."""
+    if route == "eager":
+        layers = [m.float() for m in copy.deepcopy(reference)]
+        for module in layers:
+            module.kept_stream = one_stream
+        return layers
+    layers = []
+    for module in reference:
+        fused = layer_of(route, case).double()
+        fused.load_state_dict(module.state_dict())
+        fused.residual_attention_mode = module.residual_attention_mode
+        fused.one_stream_per_chain = one_stream
+        layers.append(fused.float().train())
+    return layers
+
+
+def measure(
+    case: str, mode: str, depth: int = DEPTH, length: int = LENGTH, route: str = "eager"
+) -> Dict:
     reference = chain(case, mode, depth)
     truth_streams: List = []
     truth = run(reference, case, length, torch.float64, truth_streams)
-    row: Dict = {"case": case, "mode": mode, "layers": depth, "tokens": length}
-    plain = [m.float() for m in copy.deepcopy(reference)]
+    row: Dict = {"route": route, "case": case, "mode": mode, "layers": depth, "tokens": length}
+    plain = float32_layers(reference, case, route, one_stream=False)
     row["gradient_plain_float32"] = gradient_error(run(plain, case, length, torch.float32), truth)
-    kept = [m.float() for m in copy.deepcopy(reference)]
-    for module in kept:
-        module.kept_stream = True
+    kept = float32_layers(reference, case, route, one_stream=True)
     grads, forward, rebuilt = rebuilt_streams(kept, case, length)
     row["gradient_kept_stream_float32"] = gradient_error(grads, truth)
     if sorted(rebuilt) != list(range(depth - 1)):

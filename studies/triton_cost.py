@@ -18,7 +18,10 @@ decoder layer's cross-attention returns its probabilities, fairseq's alignment l
   backward of three kernels: a ``delta`` pre-pass, a key-block pass (``dk``, ``dv`` and the
   stream gradient handed down) and a query-block pass for ``dq`` without atomics (both read the
   stream and the incoming stream gradient; nothing of ``q k^T`` is recomputed: the stream holds
-  it). It keeps the float32 stream (4 bytes per score). Attention dropout from Philox with
+  it). A chain keeps one float32 stream (4 bytes per score), its last (issue 51): the
+  key-block pass rewrites the stream it read as the previous layer's (``S - q k^T``: one more
+  product per score and 4 bytes written) and the stream gradient handed down over the incoming
+  one (the layer before the alignment layer keeps its own). Attention dropout from Philox with
   ``elements_per_philox`` mask elements per call. The alignment layer runs the eager route.
 * ``fused``: fairseq's ``transformer`` on a GPU: ``F.multi_head_attention_forward`` hands
   ``scaled_dot_product_attention`` an additive mask (key padding merged in, the causal mask as
@@ -158,6 +161,7 @@ class Layer:
     causal: bool
     key_padding: bool
     need_weights: bool = False
+    next_need_weights: bool = False  # the next layer of the chain runs eager (alignment)
 
     @property
     def scores(self) -> int:
@@ -193,6 +197,7 @@ def chain_layers(model: Dict, length: int, batch_tokens: int) -> List[Layer]:
     ):
         for i in range(count):
             alignment = chain == "cross-attention" and i == count - 1  # fairseq's need_attn
+            before_alignment = chain == "cross-attention" and i == count - 2
             layers.append(
                 Layer(
                     chain,
@@ -206,6 +211,7 @@ def chain_layers(model: Dict, length: int, batch_tokens: int) -> List[Layer]:
                     causal,
                     padding,
                     alignment,
+                    before_alignment,
                 )
             )
     return layers
@@ -312,11 +318,13 @@ def triton_cost(
     )
     d_stream = F32 * stream_b if layer.has_next else 0.0
     d_prev = F32 * stream_b if layer.has_prev or dq_from_gradient else 0.0
+    # issue 51: the key-block pass rewrites the stream as the previous layer's (S - q k^T)
+    rebuild = layer.has_prev
     key_pass = Kernel(
-        "dK, dV, stream gradient (key blocks)",
+        "dK, dV, stream gradient (key blocks)" + (", previous stream rebuilt" if rebuild else ""),
         2 * q + 2 * kv + 3 * rows + F32 * stream_b + d_stream,
-        2 * kv + d_prev,
-        6 * d * f_bwd * n,
+        2 * kv + d_prev + (F32 * stream_b if rebuild else 0.0),
+        (8 if rebuild else 6) * d * f_bwd * n,
         f_bwd * n,
         philox * f_bwd * n,
         "triton",
@@ -344,10 +352,14 @@ def triton_cost(
         key_pass,
         query_pass,
     )
-    # kept: the whole stream (allocated T x S, also above a causal diagonal); in backward the
-    # incoming stream gradient and the one handed down are alive at once
-    transient = (F32 * n if layer.has_next else 0) + (d_prev and F32 * n)
-    return LayerCost((forward,), backward, F32 * n, transient)
+    # kept: one whole stream per chain (allocated T x S, also above a causal diagonal), the
+    # last layer's, or a layer's whose next runs eager (the alignment layer); in backward the
+    # stream gradient handed down is written over the incoming one, but where the next layer
+    # is eager (its gradient is not the kernels' to overwrite)
+    keeps_own = not layer.has_next or layer.next_need_weights
+    incoming = F32 * n if layer.has_next else 0.0
+    handed_down = F32 * n if d_prev and (not layer.has_next or layer.next_need_weights) else 0.0
+    return LayerCost((forward,), backward, F32 * n if keeps_own else 0.0, incoming + handed_down)
 
 
 def fused_cost(layer: Layer, dropout: float = 0.0) -> LayerCost:

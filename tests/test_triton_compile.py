@@ -86,7 +86,7 @@ FLOATS = ("divisor", "mask_value", "dropout_p")
 # multiples of the head size get divisibility 16 (as pointers do); lengths stay unaligned
 UNIT = ("sq_d", "sk_d", "sv_d", "sp_s", "sds_s", "sm_s", "skpm_s", "sdo_d")
 ALIGNED = ("sq_b", "sq_t", "sk_b", "sk_s", "sv_b", "sv_s", "sdo_b", "sdo_t")
-FLAGS = ("HAS_PREV", "HAS_KPM", "DIVIDE", "DROPOUT", "HAS_DSTREAM")
+FLAGS = ("HAS_PREV", "HAS_KPM", "DIVIDE", "DROPOUT", "HAS_DSTREAM", "REBUILD")
 # the route launches a causal chain with the mask made from the indices, any other mask read
 VARIANTS = {"causal": {"CAUSAL": True, "HAS_MASK": False},
             "mask": {"CAUSAL": False, "HAS_MASK": True}}

@@ -68,7 +68,7 @@ MISSING_LINE = (
 
 def torch_residual_attention(
     q, k, v, prev_attn_scores, key_padding_mask, attn_mask, num_heads, softmax_divisor,
-    dropout_p, mask_value=-1e30, causal=False,
+    dropout_p, mask_value=-1e30, causal=False, one_stream_per_chain=True,
 ):  # fmt: skip
     """The kernel's contract in plain torch (the eager route's formula): the new stream
     ``prev + q k^T`` (float32, float64 for float64), the softmax of ``stream / divisor`` plus the

@@ -41,8 +41,9 @@ is no longer there.
 """
 
 import contextlib
+import functools
 import logging
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -53,15 +54,51 @@ logger = logging.getLogger(__name__)
 _WARNED = set()
 
 
-def warn_once(reason: str):
-    """The one WARNING line per process of a reason that keeps a layer's stream to itself."""
-    if reason not in _WARNED:
-        _WARNED.add(reason)
+def warn_once(reason: str, route: str = "eager", kept: str = "tensors"):
+    """The one WARNING line per process of a reason that keeps a layer's stream (or, on the
+    eager route, its ``kept`` tensors) to itself instead of the chain's one rebuilt stream."""
+    if (route, reason) not in _WARNED:
+        _WARNED.add((route, reason))
         logger.warning(
-            "residual attention, eager route: %s, so that layer keeps its own tensors for "
-            "backward instead of the chain's one rebuilt stream (said once per process)",
+            "residual attention, %s route: %s, so that layer keeps its own %s for backward "
+            "instead of the chain's one rebuilt stream (said once per process)",
+            route,
             reason,
+            kept,
         )
+
+
+def storage_unshared(t: Tensor) -> bool:
+    """Whether ``t`` is the only tensor on its storage (no caller, view or saved tensor holds
+    it): then it may be written in place in backward. False where torch cannot say (its
+    private use count is gone): the caller then copies."""
+    use_count = getattr(torch._C, "_storage_Use_Count", None)
+    if use_count is None:
+        return False
+    storage = t.untyped_storage()
+    return use_count(storage._cdata) <= 2  # ``t``'s reference and ``storage``'s
+
+
+def writable_stream(stream: Tensor) -> Tensor:
+    """``stream`` itself where it is the chain's own buffer, else a copy: a stream that a
+    caller still holds (the chain's last, returned by the model) keeps its values after
+    backward."""
+    return stream if storage_unshared(stream) else stream.clone()
+
+
+def stream_link_of(prev: Tensor, function) -> Optional["StreamLink"]:
+    """The link of the ``function`` (an autograd Function of a kept-stream route) node that
+    made ``prev`` as its stream (its output 1), or None where another operation made it."""
+    link = getattr(prev.grad_fn, "link_out", None)
+    if isinstance(prev.grad_fn, function._backward_cls) and prev.output_nr == 1:
+        return link
+    return None
+
+
+def forward_runs_in_backward() -> bool:
+    """Whether this forward runs during a backward pass: fairseq's activation checkpointing
+    (--checkpoint-activations / --offload-activations) re-running a layer."""
+    return _current_graph_task_id() != -1
 
 
 class StreamLink:
@@ -70,30 +107,36 @@ class StreamLink:
     takes it over (``rebuilder``: that layer's own link), which rebuilds it in backward and
     puts it back here; ``version`` is the tensor's version counter when it was kept, checked
     when it is taken (an in-place change in between raises, as for ``save_for_backward``).
-    ``scores``: what recomputes the layer's raw scores (its module, q and k, their versions)
-    where the layer's own backward does not run; released by that backward."""
+    ``scores``: what recomputes the layer's raw scores (a function of q and k, q and k, their
+    versions) where the layer's own backward does not run; released by that backward.
+    ``route`` and ``kept`` name the route and what its layers keep instead, for the WARNING
+    of a stream used twice."""
 
-    __slots__ = ("stream", "version", "rebuilder", "scores")
+    __slots__ = ("stream", "version", "rebuilder", "scores", "route", "kept", "hooked")
 
-    def __init__(self):
+    def __init__(self, route: str = "eager", kept: str = "tensors"):
+        self.route, self.kept = route, kept
+        # whether the stream had a gradient hook (or retain_grad) when a layer took it over:
+        # then its gradient is not written over in backward
+        self.hooked = False
         self.stream: Optional[Tensor] = None
         self.version = 0
         self.rebuilder: Optional["StreamLink"] = None
         self.scores: Optional[Tuple] = None
 
-    def remember_scores(self, module, q: Tensor, k: Tensor):
-        self.scores = (module, q.detach(), k.detach(), q._version, k._version)
+    def remember_scores(self, recompute: Callable[[Tensor, Tensor], Tensor], q: Tensor, k: Tensor):
+        """``recompute(q, k)``: what the layer added to the stream, as its route computes it."""
+        self.scores = (recompute, q.detach(), k.detach(), q._version, k._version)
 
     def raw_scores(self) -> Tensor:
         """This link's layer's raw scores ``Q K^T / sqrt(d)``, recomputed."""
-        module, q, k, q_version, k_version = self.scores
+        recompute, q, k, q_version, k_version = self.scores
         if q._version != q_version or k._version != k_version:
             raise RuntimeError(
-                "residual attention, eager route: a layer's queries or keys kept for backward "
-                "were modified in place after the forward"
+                "residual attention: a layer's queries or keys kept for backward were modified "
+                "in place after the forward"
             )
-        bsz = q.size(0) // module.num_heads
-        return module._raw_scores(q, k, bsz, bsz)
+        return recompute(q, k)
 
     def keep(self, stream: Tensor):
         self.stream = stream.detach()
@@ -104,37 +147,44 @@ class StreamLink:
         previous stream) rebuilds it in backward; a second consumer means the stream is used
         twice: it is then kept here as it is, and nobody rebuilds it."""
         if self.rebuilder is None and self.stream is not None:
+            self.hooked = bool(stream._backward_hooks) or stream.retains_grad
             self.rebuilder = consumer
             self.stream = None
             return
-        warn_once("a stream is the previous stream of more than one layer")
+        warn_once("a stream is the previous stream of more than one layer", self.route, self.kept)
         self.rebuilder = None
         self.keep(stream)
 
-    def take(self) -> Tensor:
-        """The stream for this layer's backward (then no longer held here). Where the layer
-        that took it over got no gradient (its backward never ran, nor any above it: fairseq's
-        ``transformer_align`` with ``--full-context-alignment`` uses one layer's attention of
-        its alignment pass), it is rebuilt here from the chain's kept stream down, in place."""
+    def take(self, release: bool) -> Tensor:
+        """The stream for this layer's backward. ``release``: the layer writes the previous
+        stream over it, and it is no longer held here; else it stays, as a saved tensor stays
+        for a second backward through the graph (``retain_graph=True``), until the graph goes.
+        Where the layer that took it over got no gradient (its backward never ran, nor any above
+        it: fairseq's ``transformer_align`` with ``--full-context-alignment`` uses one layer's
+        attention of its alignment pass), it is rebuilt here from the chain's kept stream down,
+        in place."""
         rebuilder = self.rebuilder
         if self.stream is None and rebuilder is not None and rebuilder.scores is not None:
-            above = rebuilder.take()
+            above = rebuilder.take(release=True)
             with torch.no_grad():
+                above = writable_stream(above)
                 self.keep(above.sub_(rebuilder.raw_scores().to(above.dtype)))
             rebuilder.scores = None
         stream = self.stream
         if stream is None:
             raise RuntimeError(
-                "residual attention, eager route: the chain's kept score stream is gone: a "
-                "second backward through the same graph (retain_graph=True); run the plain "
-                "route for this (kept_stream=False)"
+                "residual attention: the chain's kept score stream is gone: a second backward "
+                "through the same graph (retain_graph=True); set the attention modules' "
+                "kept_stream (eager route) or one_stream_per_chain (triton route) to False "
+                "for this"
             )
         if stream._version != self.version:
             raise RuntimeError(
-                "residual attention, eager route: a score stream kept for backward was "
-                "modified in place after the forward"
+                "residual attention: a score stream kept for backward was modified in place "
+                "after the forward"
             )
-        self.stream = None
+        if release:
+            self.stream = None
         return stream
 
 
@@ -164,6 +214,11 @@ def _replayed_rng(state: Optional[Tensor], device: torch.device):
         yield
 
 
+def _module_raw_scores(module, q: Tensor, k: Tensor) -> Tensor:
+    bsz = q.size(0) // module.num_heads
+    return module._raw_scores(q, k, bsz, bsz)
+
+
 class _KeptStreamAttention(torch.autograd.Function):
     """``(attn (bsz*heads, tgt_len, head_dim), S_l, the float probabilities)`` of one eager
     layer, keeping for backward q, k, v, the masks and the stream's link (see the module
@@ -185,7 +240,7 @@ class _KeptStreamAttention(torch.autograd.Function):
         ctx.link_in, ctx.link_out = link_in, link_out
         ctx.prev_dtype = None if prev is None else prev.dtype
         link_out.keep(stream)
-        link_out.remember_scores(module, q, k)
+        link_out.remember_scores(functools.partial(_module_raw_scores, module), q, k)
         ctx.set_materialize_grads(False)
         return attn, stream, probabilities
 
@@ -194,7 +249,9 @@ class _KeptStreamAttention(torch.autograd.Function):
         q, k, v, key_padding_mask, attn_mask = ctx.saved_tensors
         module, layer_idx = ctx.module, ctx.layer_idx
         bsz = q.size(0) // module.num_heads
-        stream = ctx.link_out.take()
+        link_in = ctx.link_in
+        rebuild = link_in is not None and link_in.rebuilder is ctx.link_out
+        stream = ctx.link_out.take(release=rebuild)
         d_q = d_k = d_v = d_total = None
         with torch.enable_grad():
             q_, k_, v_ = (t.detach().requires_grad_() for t in (q, k, v))
@@ -217,9 +274,10 @@ class _KeptStreamAttention(torch.autograd.Function):
             raw_scores = module._raw_scores(q_, k_, bsz, bsz)
             if d_total is not None:
                 d_q, d_k = torch.autograd.grad(raw_scores, (q_, k_), d_total.to(q.dtype))
-        link_in = ctx.link_in
-        if link_in is not None and link_in.rebuilder is ctx.link_out:
-            # S_{l-1} = S_l - Q_l K_l^T / sqrt(d), in S_l's buffer, for layer l - 1's backward
+        if rebuild:
+            # S_{l-1} = S_l - Q_l K_l^T / sqrt(d), in S_l's buffer (a copy where a caller
+            # holds it), for layer l - 1's backward
+            stream = writable_stream(stream)
             link_in.keep(stream.sub_(raw_scores.detach().to(stream.dtype)))
         ctx.link_out.scores = None  # this layer's q and k: needed no longer
         d_prev = None
@@ -248,7 +306,7 @@ def why_plain_route(
     the reason (said once by :func:`kept_stream_attention`'s caller)."""
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors):
         return ""
-    if _current_graph_task_id() != -1:
+    if forward_runs_in_backward():
         return (
             "a layer's forward runs during backward (activation checkpointing: fairseq's "
             "--checkpoint-activations / --offload-activations)"
@@ -278,10 +336,8 @@ def kept_stream_attention(
     the module docstring); the caller checked :func:`why_plain_route`."""
     link_in: Optional[StreamLink] = None
     if prev is not None and prev.requires_grad:
-        node = prev.grad_fn
-        if isinstance(node, _KeptStreamAttention._backward_cls) and prev.output_nr == 1:
-            link_in = node.link_out
-        else:
+        link_in = stream_link_of(prev, _KeptStreamAttention)
+        if link_in is None:
             warn_once(
                 "the previous stream was not made by a kept-stream layer (a layer of another "
                 "route in the chain, or a stream from the caller)"

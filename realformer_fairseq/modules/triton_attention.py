@@ -30,6 +30,7 @@ This module imports triton; the plugin imports it only when the triton route is 
 """
 
 import contextlib
+import functools
 from typing import NamedTuple, Optional, Tuple
 
 import torch
@@ -38,6 +39,14 @@ import triton.language as tl
 from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
+from .kept_stream import (
+    StreamLink,
+    forward_runs_in_backward,
+    storage_unshared,
+    stream_link_of,
+    warn_once,
+    writable_stream,
+)
 from .residual_attention import _MASK_VALUE
 
 
@@ -88,7 +97,7 @@ _LAUNCH_TABLE = {
     },
     (2, 128): {
         "forward": {"long": KernelConfig(64, 32, 8, 2), "short": _SHORT_16BIT["forward"]},
-        "backward": {"long": KernelConfig(32, 32, 8, 2), "short": KernelConfig(32, 32, 8, 2)},
+        "backward": {"long": KernelConfig(32, 32, 8, 1), "short": KernelConfig(32, 32, 8, 1)},
         "dq": {"long": _SHORT_16BIT["dq"], "short": _SHORT_16BIT["dq"]},
     },
     # float32 (tl.dot in full precision: FMA, not tensor cores) at every head size
@@ -415,11 +424,12 @@ def _backward_block(
     tgt_len, src_len, num_heads, divisor, mask_value, dropout_p, threshold, seed,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_DSTREAM: tl.constexpr, HAS_MASK: tl.constexpr, HAS_KPM: tl.constexpr,
-    DIVIDE: tl.constexpr, DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DIVIDE: tl.constexpr, DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, REBUILD: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One query block of the key-block pass: the stream gradient tile written, ``dk`` and
-    ``dv`` updated."""
+    ``dv`` updated; ``REBUILD``: the stream tile ``S_l`` rewritten as ``S_{l-1} = S_l - q k^T``
+    (0 after the diagonal where ``CAUSAL``, as the forward wrote it)."""
     bh64 = bh.to(tl.int64)
     offs_m = start_m + tl.arange(0, BLOCK_M)
     offs_n = start_n + tl.arange(0, BLOCK_N)
@@ -438,6 +448,11 @@ def _backward_block(
     )
     stream_offs = bh64 * tgt_len * src_len + offs_m[:, None] * src_len + offs_n[None, :]
     s = tl.load(STREAM + stream_offs, mask=tile, other=0.0)
+    if REBUILD:  # this program's own tile: read above, written once here
+        rebuilt = s - _dot(q, tl.trans(k), ACC, PRECISION, UPCAST)
+        if CAUSAL:
+            rebuilt = tl.where(offs_n[None, :] > offs_m[:, None], 0.0, rebuilt)
+        tl.store(STREAM + stream_offs, rebuilt, mask=tile)
     logits, pad2 = _logits(
         s, offs_m, offs_n, bh, tgt_len, src_len, num_heads, divisor, mask_value,
         MASK, sm_t, sm_s, KPM, skpm_b, skpm_s, HAS_MASK, HAS_KPM, DIVIDE, CAUSAL,
@@ -485,8 +500,8 @@ def _backward_kernel(
     tgt_len, src_len, num_heads, divisor, mask_value, dropout_p, threshold, seed,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HAS_DSTREAM: tl.constexpr, HAS_MASK: tl.constexpr, HAS_KPM: tl.constexpr,
-    DIVIDE: tl.constexpr, DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    DIVIDE: tl.constexpr, DROPOUT: tl.constexpr, CAUSAL: tl.constexpr, REBUILD: tl.constexpr,
+    ACC: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):  # fmt: skip
     """One program per (bsz*heads, block of keys), folded into the grid's first axis: walks the
     query blocks, recomputes the probabilities from the stream and the row statistics, and
@@ -495,7 +510,9 @@ def _backward_kernel(
     gradient arriving at this layer's stream): the previous stream's gradient, and what the
     dq pass multiplies by ``k``. No atomics: every tile it writes is its own. ``CAUSAL``: the
     query blocks wholly before the block's first key are not computed (their gradient tiles
-    are written 0), but where a row of the block sees only the fill."""
+    are written 0), but where a row of the block sees only the fill. ``REBUILD`` (one stream per
+    chain): its key columns of ``STREAM`` are rewritten as the previous layer's stream. ``DS``
+    may be ``DSTREAM`` itself: each tile is read and written by this program alone."""
     pid_n, bh = _program(src_len, BLOCK_N)
     bh64 = bh.to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -518,6 +535,8 @@ def _backward_kernel(
             offs_m = start_m + tl.arange(0, BLOCK_M)
             valid_m = offs_m < tgt_len
             if _any_row_only_fill(ROWMAX, bh64, tgt_len, offs_m, valid_m, mask_value):
+                # a tile wholly after the diagonal: its stream is 0 in every layer (nothing to
+                # rebuild)
                 dk, dv = _backward_block(
                     k, v, dk, dv, start_m, pid_n * BLOCK_N, offs_d, bh, Q, STREAM, DOUT, ROWMAX,
                     ROWSUM,
@@ -525,7 +544,7 @@ def _backward_kernel(
                     sds_b, sds_t, sds_s, sm_t, sm_s, skpm_b, skpm_s, tgt_len, src_len,
                     num_heads, divisor, mask_value, dropout_p, threshold, seed, HEAD_DIM,
                     BLOCK_M, BLOCK_N, HAS_DSTREAM, HAS_MASK, HAS_KPM, DIVIDE, DROPOUT, CAUSAL,
-                    ACC, PRECISION, UPCAST,
+                    False, ACC, PRECISION, UPCAST,
                 )  # fmt: skip
             else:
                 tl.store(
@@ -540,7 +559,7 @@ def _backward_kernel(
             DSTREAM, DS, MASK, KPM, sq_b, sq_t, sq_d, sdo_b, sdo_t, sdo_d, sds_b, sds_t, sds_s,
             sm_t, sm_s, skpm_b, skpm_s, tgt_len, src_len, num_heads, divisor, mask_value,
             dropout_p, threshold, seed, HEAD_DIM, BLOCK_M, BLOCK_N, HAS_DSTREAM, HAS_MASK,
-            HAS_KPM, DIVIDE, DROPOUT, CAUSAL, ACC, PRECISION, UPCAST,
+            HAS_KPM, DIVIDE, DROPOUT, CAUSAL, REBUILD, ACC, PRECISION, UPCAST,
         )  # fmt: skip
     out_d = bh64 * src_len * HEAD_DIM + offs_n[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(DK + out_d, dk.to(DK.dtype.element_ty), mask=kv_tile)
@@ -685,7 +704,7 @@ class _ResidualAttention(torch.autograd.Function):
     @staticmethod
     def forward(
         ctx, q, k, v, prev, key_padding_mask, attn_mask, num_heads, divisor, dropout_p, mask_value,
-        causal,
+        causal, link_in, link_out,
     ):  # fmt: skip
         bh, tgt_len, head_dim = q.shape
         src_len = k.size(1)
@@ -713,7 +732,12 @@ class _ResidualAttention(torch.autograd.Function):
                 ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )  # fmt: skip
-        ctx.save_for_backward(q, k, v, out, rowmax, rowsum, stream, mask, kpm)
+        ctx.save_for_backward(q, k, v, out, rowmax, rowsum, mask, kpm)
+        # the stream, held by the link: handed to the next layer that reads it, which
+        # rebuilds it in its backward (kept_stream.StreamLink)
+        ctx.link_in, ctx.link_out = link_in, link_out
+        link_out.keep(stream)
+        link_out.remember_scores(functools.partial(recomputed_scores, causal=causal), q, k)
         ctx.has_mask = attn_mask is not None
         ctx.has_kpm = key_padding_mask is not None
         ctx.has_prev = prev is not None
@@ -724,8 +748,13 @@ class _ResidualAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, d_stream):
-        q, k, v, out, rowmax, rowsum, stream, mask, kpm = ctx.saved_tensors
+        q, k, v, out, rowmax, rowsum, mask, kpm = ctx.saved_tensors
         num_heads, divisor, dropout_p, mask_value, seed = ctx.params
+        link_in = ctx.link_in
+        rebuild = link_in is not None and link_in.rebuilder is ctx.link_out
+        stream = ctx.link_out.take(release=rebuild)  # S_l: kept, or rebuilt by the layer above
+        if rebuild:  # S_{l-1} written over S_l: never over a stream a caller holds
+            stream = writable_stream(stream)
         bh, tgt_len, head_dim = q.shape
         src_len = k.size(1)
         sdtype = stream.dtype
@@ -735,8 +764,12 @@ class _ResidualAttention(torch.autograd.Function):
         acc, precision = _options(q)
         block_d = padded_head_dim(head_dim)
         # the stream gradient: the previous stream's gradient where it has one, else a
-        # scratch that only the dq pass reads
-        d_scores = torch.empty_like(stream)
+        # scratch that only the dq pass reads; written over the incoming gradient where that is
+        # this chain's own buffer
+        if _gradient_writable(ctx, d_stream, sdtype):
+            d_scores = d_stream
+        else:
+            d_scores = torch.empty_like(stream)
         delta = torch.empty((bh, tgt_len), dtype=sdtype, device=q.device)
         dq = torch.empty_like(q, memory_format=torch.contiguous_format)
         dk = torch.empty((bh, src_len, head_dim), dtype=k.dtype, device=q.device)
@@ -761,8 +794,8 @@ class _ResidualAttention(torch.autograd.Function):
                 HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=cfg.block_m,
                 BLOCK_N=cfg.block_n, HAS_DSTREAM=d_stream is not None,
                 HAS_MASK=ctx.has_mask, HAS_KPM=ctx.has_kpm, DIVIDE=divisor != 1.0,
-                DROPOUT=dropout_p > 0, CAUSAL=ctx.causal, ACC=acc, PRECISION=precision,
-                UPCAST=_upcast(q),
+                DROPOUT=dropout_p > 0, CAUSAL=ctx.causal, REBUILD=rebuild, ACC=acc,
+                PRECISION=precision, UPCAST=_upcast(q),
                 num_warps=cfg.num_warps, num_stages=cfg.num_stages,
             )  # fmt: skip
             _dq_kernel[_grid(tgt_len, dq_cfg.block_m, bh)](
@@ -772,9 +805,36 @@ class _ResidualAttention(torch.autograd.Function):
                 UPCAST=_upcast(q),
                 num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
             )  # fmt: skip
+        if rebuild:
+            link_in.keep(stream)  # now S_{l-1}, for the previous layer's backward
+        ctx.link_out.scores = None  # this layer's q and k: needed no longer
         need_dprev = ctx.has_prev and ctx.needs_input_grad[3]
         d_prev = d_scores if need_dprev else None
-        return dq, dk, dv, d_prev, None, None, None, None, None, None, None
+        return dq, dk, dv, d_prev, None, None, None, None, None, None, None, None, None
+
+
+def _gradient_writable(ctx, d_stream: Optional[Tensor], sdtype: torch.dtype) -> bool:
+    """Whether the previous stream's gradient may be written over ``d_stream``, the gradient
+    of this layer's stream: where a layer of this route took the stream over (the gradient is
+    the one its backward wrote), nobody hooked the stream then (``hooked``), and it is a
+    contiguous tensor of the stream's dtype that nothing else holds."""
+    return (
+        d_stream is not None
+        and ctx.link_out.rebuilder is not None
+        and not ctx.link_out.hooked
+        and d_stream.dtype == sdtype
+        and d_stream.is_contiguous()
+        and storage_unshared(d_stream)
+    )
+
+
+def recomputed_scores(q: Tensor, k: Tensor, causal: bool) -> Tensor:
+    """What the forward added to the stream, ``q k^T`` in the stream's dtype (0 after the
+    diagonal where ``causal``), recomputed in torch: for a layer whose own backward does not
+    run (see ``kept_stream.StreamLink.take``)."""
+    sdtype = stream_dtype(q.dtype)
+    raw = torch.bmm(q.to(sdtype), k.to(sdtype).transpose(1, 2))
+    return raw.tril_() if causal else raw
 
 
 def _masks(
@@ -803,6 +863,7 @@ def residual_attention(
     dropout_p: float,
     mask_value: float = _MASK_VALUE,
     causal: bool = False,
+    one_stream_per_chain: bool = True,
 ) -> Tuple[Tensor, Tensor]:
     """One layer of residual attention in the fused kernels.
 
@@ -826,13 +887,50 @@ def residual_attention(
     the fill (every key up to the query padded), which attend to every key as in the eager
     route: the kernels compute those rows' blocks after the diagonal and pass them the eager
     route's gradient.
+
+    ``one_stream_per_chain`` (issue 51): a chain of these calls keeps one stream from forward to
+    backward, its last; each layer's backward rewrites the stream it used, ``S_l``, as ``S_{l-1}
+    = S_l - q k^T`` in place for the layer below, and writes the previous stream's gradient over
+    the incoming one (see ``_backward_kernel``). Rebuilt in float32, ``S_{l-1}`` is off by up to
+    one rounding per layer (docs/reference.md has it measured over 60 layers). A stream a caller
+    still holds when backward runs (the chain's last, returned) is copied first, never changed.
+    Where the hand-over cannot hold (a forward run during backward by activation checkpointing,
+    a previous stream not made by this function, a stream read by two layers), the layer keeps
+    its own stream, the reason said once at WARNING. A second backward through the same graph
+    (``retain_graph=True``) raises: pass ``one_stream_per_chain=False`` for that.
     """
     _check(q, k, v, prev_attn_scores, key_padding_mask, attn_mask, num_heads, softmax_divisor,
            dropout_p, causal)  # fmt: skip
-    return _ResidualAttention.apply(
+    link_in = _link_in(prev_attn_scores, (q, k, v), one_stream_per_chain)
+    link_out = StreamLink(route="triton", kept="stream")
+    attn, stream = _ResidualAttention.apply(
         q, k, v, prev_attn_scores, key_padding_mask, attn_mask, num_heads,
-        float(softmax_divisor), float(dropout_p), float(mask_value), bool(causal),
+        float(softmax_divisor), float(dropout_p), float(mask_value), bool(causal), link_in,
+        link_out,
     )  # fmt: skip
+    if link_in is not None:
+        link_in.hand_over(link_out, prev_attn_scores)
+    return attn, stream
+
+
+def _link_in(prev: Optional[Tensor], inputs, one_stream_per_chain: bool) -> Optional[StreamLink]:
+    """The link of the layer whose stream ``prev`` is, where this layer takes it over (rebuilds
+    it in backward): None without a gradient, with ``one_stream_per_chain`` off, or where the
+    hand-over cannot hold, the reason said once (the layer keeps its own stream)."""
+    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, prev) if t is not None)
+    if not (one_stream_per_chain and grads and prev is not None and prev.requires_grad):
+        return None
+    if forward_runs_in_backward():
+        reason = ("a layer's forward runs during backward (activation checkpointing: fairseq's "
+                  "--checkpoint-activations / --offload-activations)")  # fmt: skip
+    else:
+        link = stream_link_of(prev, _ResidualAttention)
+        if link is not None:
+            return link
+        reason = ("the previous stream was not made by the kernel (a layer on the eager route "
+                  "in the chain, or a stream from the caller)")  # fmt: skip
+    warn_once(reason, route="triton", kept="stream")
+    return None
 
 
 def _check(

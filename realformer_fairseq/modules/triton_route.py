@@ -135,6 +135,10 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         self.rule_dtypes = [str(d) for d in rule.dtypes] if rule is not None else []
         # what the last forward ran, in a list for the same reason as _calls
         self._last_kernel = [""]
+        # True: a chain of kernel calls keeps one stream for backward and rebuilds the earlier
+        # ones (issue 51; triton_attention.residual_attention); False: every layer keeps its
+        # own (what a second backward through one graph, retain_graph=True, needs)
+        self.one_stream_per_chain = True
 
     def forward(
         self,
@@ -252,6 +256,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         return kernel_module().residual_attention(
             q, k, v, prev_attn_scores, key_padding_mask, attn_mask, self.num_heads,
             divisor, dropout_p, mask_value=self.mask_value, causal=causal,
+            one_stream_per_chain=self.one_stream_per_chain,
         )  # fmt: skip
 
     @torch.jit.unused
