@@ -1,5 +1,5 @@
-"""How far the eager route's rebuilt score streams, and the gradients made from them, are from
-float64, over the paper's 60 layers.
+"""How far the rebuilt score streams of the eager and triton routes, and the gradients made from
+them, are from float64, over the paper's 60 layers.
 
 He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747): the WMT'14
 recipe's encoder has 60 layers. The eager route keeps one stream per chain for backward and
@@ -19,8 +19,13 @@ the stream (what the rebuild changes), and the loss weighs every layer's output 
   inputs and every parameter, for the kept stream and for the plain route (``kept_stream =
   False``, autograd keeping every layer's probabilities) side by side.
 
-usage (from the repository root; about a minute on one core):
+The triton route (``--routes triton``, its kernels under Triton's interpreter) the same way: its
+layers keep one stream per chain (``one_stream_per_chain``, the default) against the same
+layers keeping each its own, both float32, against float64 eager.
+
+usage (from the repository root; eager: about a minute on one core; triton: some minutes):
     python -m studies.stream_precision    # -> docs/benchmarks/stream_precision.json
+    TRITON_INTERPRET=1 .venv-triton/bin/python -m studies.stream_precision --routes triton
 """
 
 import argparse
@@ -35,7 +40,7 @@ import torch
 from realformer_fairseq.modules import kept_stream
 
 from .route_precision import CASES, inputs, layer_of
-from .runs import REPO_ROOT, write_json
+from .runs import REPO_ROOT, read_json, write_json
 from .tables import md_table
 
 DEPTH, LENGTH = 60, 16
@@ -157,11 +162,12 @@ def measure(
 
 
 def format_table(rows: List[Dict]) -> str:
-    header = ["chain", "mode", "rebuilt S_l vs forward's (fp32)", "rebuilt S_l vs fp64",
-              "forward's S_l vs fp64", "gradients, kept stream fp32",
-              "gradients, plain fp32"]  # fmt: skip
+    header = ["route", "chain", "mode", "rebuilt S_l vs forward's (fp32)", "rebuilt S_l vs fp64",
+              "forward's S_l vs fp64", "gradients, one stream per chain fp32",
+              "gradients, every layer's own fp32"]  # fmt: skip
     return md_table(header, [
-        [r["case"], r["mode"], f"{r['stream_rebuilt_vs_forward_float32']:.1e}",
+        [r.get("route", "eager"), r["case"], r["mode"],
+         f"{r['stream_rebuilt_vs_forward_float32']:.1e}",
          f"{r['stream_rebuilt_vs_float64']:.1e}", f"{r['stream_forward_float32_vs_float64']:.1e}",
          f"{r['gradient_kept_stream_float32']:.1e}", f"{r['gradient_plain_float32']:.1e}"]
         for r in rows
@@ -173,13 +179,22 @@ def main(argv=None) -> Dict:
     p.add_argument("--layers", type=int, default=DEPTH)
     p.add_argument("--tokens", type=int, default=LENGTH)
     p.add_argument(
+        "--routes", nargs="+", choices=("eager", "triton"), default=["eager"],
+        help="triton: its kernels under Triton's interpreter (TRITON_INTERPRET=1 set before "
+        "start); rows are merged into the JSON by route, chain and mode",
+    )  # fmt: skip
+    p.add_argument(
         "--json", type=Path, default=REPO_ROOT / "docs" / "benchmarks" / "stream_precision.json"
     )
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     t0 = time.time()
-    rows = [measure(case, mode, args.layers, args.tokens)
-            for case in CASES for mode in ("sum", "mean")]  # fmt: skip
+    rows = [measure(case, mode, args.layers, args.tokens, route)
+            for route in args.routes for case in CASES for mode in ("sum", "mean")]  # fmt: skip
+    # merged with the file's rows of other routes (another run may have written them)
+    key = lambda r: (r.get("route", "eager"), r["case"], r["mode"])  # noqa: E731
+    previous = {key(r): r for r in (read_json(args.json) or {}).get("rows", [])}
+    rows = list({**previous, **{key(r): r for r in rows}}.values())
     report = {
         "description": __doc__.split("\n\n")[0],
         "method": "errors relative to the largest |value| of the float64 reference (streams: "

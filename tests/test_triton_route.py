@@ -610,3 +610,15 @@ def test_fairseq_train_with_the_triton_route_logs_the_losses_of_the_eager_route(
     assert len(losses["eager"]) == 3
     assert all(math.isfinite(x) for x in losses["triton"])
     assert losses["triton"] == pytest.approx(losses["eager"], abs=1.5e-3)
+    # --checkpoint-activations re-runs each layer in backward: the layers keep their own streams
+    # (issue 51), said once, and train the same losses
+    args = translation_train_args(
+        tiny_bin, tmp_path / "checkpointed", max_update=3,
+        extra=["--residual-attention-impl", "triton", "--checkpoint-activations", "--dropout",
+               "0", "--attention-dropout", "0", "--max-tokens", "200", "--no-save",
+               "--disable-validation"],
+    )  # fmt: skip
+    out = run([fairseq_command("fairseq-train"), *args], env={"TRITON_INTERPRET": "1"})
+    said = [line for line in out.splitlines() if "keeps its own stream" in line]
+    assert len(said) == 1 and "--checkpoint-activations" in said[0], said
+    assert parse_train_losses(out) == pytest.approx(losses["eager"], abs=1.5e-3)
