@@ -20,7 +20,7 @@ from harness import (
 )
 
 from realformer_fairseq.errors import RealformerConfigError
-from realformer_fairseq.modules import residual_attention, route_rules
+from realformer_fairseq.modules import route_rules, route_warnings
 from realformer_fairseq.modules.residual_attention import (
     ConcatRealformerMultiheadAttention,
     RealformerMultiheadAttention,
@@ -502,7 +502,7 @@ def test_an_explicit_concat_route_that_cannot_fuse_warns_once(caplog):
     _, concat, dictionary = model_pair(attention_dropout=0.1)
     concat.float().train()
     src, src_lengths, tgt = random_batch(dictionary)
-    residual_attention._WARNED.clear()
+    route_warnings._SAID.clear()
     with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.residual_attention"):
         for _ in range(3):
             concat(src, src_lengths, tgt)

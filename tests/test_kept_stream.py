@@ -17,7 +17,7 @@ import pytest
 import torch
 from harness import NO_DROPOUT, build_translation_model, random_batch
 
-from realformer_fairseq.modules import kept_stream
+from realformer_fairseq.modules import kept_stream, route_warnings
 from studies import stream_memory, stream_precision
 from studies.bench_models import dummy_dictionary
 from studies.route_precision import CASES, inputs, layer_of, run_chain
@@ -28,7 +28,7 @@ LOGGER = "realformer_fairseq.modules.kept_stream"
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     """Each test sees the once-per-process warnings afresh."""
-    monkeypatch.setattr(kept_stream, "_WARNED", set())
+    monkeypatch.setattr(route_warnings, "_SAID", set())
 
 
 def chain_pair(case, mode, depth, dropout=0.0, dtype=torch.float64):

@@ -32,7 +32,7 @@ pytest.importorskip(
 
 from harness import NO_DROPOUT, build_translation_model, random_batch  # noqa: E402
 
-from realformer_fairseq.modules import kept_stream  # noqa: E402
+from realformer_fairseq.modules import kept_stream, route_warnings  # noqa: E402
 from realformer_fairseq.modules import triton_attention as ta  # noqa: E402
 from studies import stream_memory, stream_precision  # noqa: E402
 from studies.bench_models import dummy_dictionary  # noqa: E402
@@ -45,7 +45,7 @@ EMBED = 32  # 4 heads of 8 (the kernels pad them to 16): small, for the interpre
 @pytest.fixture(autouse=True)
 def fresh_warnings(monkeypatch):
     """Each test sees the once-per-process warnings afresh."""
-    monkeypatch.setattr(kept_stream, "_WARNED", set())
+    monkeypatch.setattr(route_warnings, "_SAID", set())
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ from test_concat_route import assert_grads_equal, lm_causal_chain_pair, model_pa
 from realformer_fairseq import settings
 from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.models.build_checks import check_layers_match_settings
-from realformer_fairseq.modules import route_rules, triton_route
+from realformer_fairseq.modules import route_rules, route_warnings, triton_route
 from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
 from realformer_fairseq.modules.triton_route import TritonRealformerMultiheadAttention
 from realformer_fairseq.settings import RealformerSettings, read_realformer_settings
@@ -103,7 +103,7 @@ def torch_residual_attention(
 @pytest.fixture(params=["torch", "triton"])
 def kernel(request, monkeypatch):
     """The route's kernel: the stand-in (its calls recorded in ``.calls``) or the real one."""
-    triton_route._WARNED.clear()
+    route_warnings._SAID.clear()
     if request.param == "triton":
         if not TRITON:
             pytest.skip(NO_TRITON)

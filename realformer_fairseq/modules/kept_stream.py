@@ -48,24 +48,22 @@ from typing import Callable, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-logger = logging.getLogger(__name__)
+from . import route_warnings
 
-# the reasons for the plain route (or a layer's own kept stream) said at WARNING in this process
-_WARNED = set()
+logger = logging.getLogger(__name__)
 
 
 def warn_once(reason: str, route: str = "eager", kept: str = "tensors"):
     """The one WARNING line per process of a reason that keeps a layer's stream (or, on the
     eager route, its ``kept`` tensors) to itself instead of the chain's one rebuilt stream."""
-    if (route, reason) not in _WARNED:
-        _WARNED.add((route, reason))
-        logger.warning(
-            "residual attention, %s route: %s, so that layer keeps its own %s for backward "
-            "instead of the chain's one rebuilt stream (said once per process)",
-            route,
-            reason,
-            kept,
-        )
+    route_warnings.warn_once(
+        logger,
+        "residual attention, %s route: %s, so that layer keeps its own %s for backward instead "
+        "of the chain's one rebuilt stream",
+        route,
+        reason,
+        kept,
+    )
 
 
 def storage_unshared(t: Tensor) -> bool:

@@ -22,6 +22,7 @@ from fairseq.modules import MultiheadAttention
 from torch import Tensor
 
 from ..settings import RESIDUAL_ATTENTION_MODES
+from . import route_warnings
 from .kept_stream import kept_stream_attention, warn_once, why_plain_route
 from .route_rules import ConcatRule
 
@@ -432,9 +433,6 @@ class RealformerMultiheadAttention(MultiheadAttention):
         return self.out_proj(attn)
 
 
-# the reasons an explicit concat route could not fuse, already said at WARNING in this process
-_WARNED = set()
-
 # torch's SDPBackend numbering, as torch._fused_sdp_choice returns it
 _SDPA_KERNELS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
 
@@ -725,12 +723,10 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
                 "residual attention, %s route, layer %d of its chain: %s",
                 self.residual_attention_impl, layer_idx, what,
             )  # fmt: skip
-        if reason and self.residual_attention_impl == "concat" and reason not in _WARNED:
-            _WARNED.add(reason)
-            logger.warning(
-                "--residual-attention-impl concat: runs the eager route where %s "
-                "(said once per process)", reason,
-            )  # fmt: skip
+        if reason and self.residual_attention_impl == "concat":
+            route_warnings.warn_once(
+                logger, "--residual-attention-impl concat: runs the eager route where %s", reason
+            )
 
     @property
     def last_kernel(self) -> str:

@@ -917,7 +917,9 @@ def _link_in(prev: Optional[Tensor], inputs, one_stream_per_chain: bool) -> Opti
     """The link of the layer whose stream ``prev`` is, where this layer takes it over (rebuilds
     it in backward): None without a gradient, with ``one_stream_per_chain`` off, or where the
     hand-over cannot hold, the reason said once (the layer keeps its own stream)."""
-    grads = torch.is_grad_enabled() and any(t.requires_grad for t in (*inputs, prev) if t is not None)
+    grads = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (*inputs, prev) if t is not None
+    )
     if not (one_stream_per_chain and grads and prev is not None and prev.requires_grad):
         return None
     if forward_runs_in_backward():

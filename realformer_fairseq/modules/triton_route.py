@@ -41,13 +41,11 @@ from torch import Tensor
 
 from ..errors import RealformerConfigError
 from ..settings import TRITON_INSTALL, TRITON_MISSING, triton_installed
+from . import route_warnings
 from .residual_attention import RealformerMultiheadAttention
 from .route_rules import TritonRule
 
 logger = logging.getLogger(__name__)
-
-# the reasons for the eager route already said at WARNING in this process
-_WARNED = set()
 
 # attention masks already checked for causality: (mask, its version, whether causal), newest
 # last. The masks are kept (a few): no other tensor takes their memory while they are here
@@ -95,13 +93,9 @@ def kernel_module():
 
 def warn_once(reason: str):
     """The one WARNING line per process of a reason that keeps this route off the kernel."""
-    if reason not in _WARNED:
-        _WARNED.add(reason)
-        logger.warning(
-            "--residual-attention-impl triton: runs the eager route where %s "
-            "(said once per process)",
-            reason,
-        )
+    route_warnings.warn_once(
+        logger, "--residual-attention-impl triton: runs the eager route where %s", reason
+    )
 
 
 class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
