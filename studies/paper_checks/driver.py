@@ -9,13 +9,13 @@ from pathlib import Path
 
 from realformer_fairseq.atomic_files import write_text_atomic
 
-from ..runs import RunsFailed, config, read_json, write_json
-from .config import BPE_MERGES, N_ANALYSIS, N_VALID, SIZES, VARIANTS, mlm_run_dir, parse_args
+from ..runs import RunsFailed, config, write_json
+from .config import BPE_MERGES, N_ANALYSIS, N_VALID, SIZES, VARIANTS, parse_args
 from .data import prepare_mlm_data
 from .figures import plot
 from .markdown import markdown
 from .summary import summarise
-from .training import log, mlm_command, run_mlm, run_nmt
+from .training import log, mlm_command, run_mlm, run_nmt, stored_mlm, stored_nmt
 
 
 def report(mlm, sweep, nmt, cfg, t0):
@@ -61,10 +61,10 @@ def main(argv=None):
 
     def do(job):
         kind, lab, seed, lr = job
-        if cfg.report_only:
+        if cfg.report_only:  # only the stored runs of the definitions asked for now
             if kind == "nmt":
-                return read_json(cfg.work_dir / "nmt" / "attn_done.json")
-            return read_json(mlm_run_dir(cfg, lab, lr, seed) / "result.json")
+                return stored_nmt(cfg)
+            return stored_mlm(lab, seed, lr, data_bin, cfg)
         if kind == "nmt":
             return run_nmt(cfg)
         return run_mlm(lab, seed, lr, data_bin, cfg)
