@@ -17,35 +17,6 @@ from studies.paper_checks import config, driver, summary, training
 from studies.text import LM_PUNCTUATION, split_words
 
 
-def test_finished_run_is_skipped_for_the_same_definition_only(tmp_path, monkeypatch):
-    def parse(*extra):
-        return config.parse_args(["--work-dir", str(tmp_path), "--out", str(tmp_path / "out"),
-                                  *extra])  # fmt: skip
-
-    trained = []
-
-    def fake_run(cmd, log_file, threads=1):
-        trained.append(cmd)
-        last = int(cmd[cmd.index("--max-update") + 1])
-        stats = {"valid_loss": "5.0", "valid_accuracy": "10.0", "valid_num_updates": str(last)}
-        return f"2026-12-07 05:00:00 | INFO | valid | {json.dumps(stats)}\n"
-
-    monkeypatch.setattr(training, "run", fake_run)
-    first = training.run_mlm("RealFormer", 2, 1e-3, tmp_path / "mlm-bin", parse())
-    assert (first["completed_updates"], len(trained)) == (3000, 1)
-
-    def no_training(*args, **kwargs):
-        raise AssertionError("a finished run must not be retrained")
-
-    monkeypatch.setattr(training, "run", no_training)
-    assert training.run_mlm("RealFormer", 2, 1e-3, tmp_path / "mlm-bin", parse()) == first
-    monkeypatch.setattr(training, "run", fake_run)  # another budget: trained again
-    again = training.run_mlm(
-        "RealFormer", 2, 1e-3, tmp_path / "mlm-bin", parse("--max-update", "40")
-    )
-    assert (again["completed_updates"], len(trained)) == (40, 2)
-
-
 def fake_mlm_training(cmd, log_file, threads=1):
     """A fairseq-train of the MLM runs: one valid line at --max-update, loss 5 + seed/10."""
     last = int(cmd[cmd.index("--max-update") + 1])
@@ -57,6 +28,30 @@ def fake_mlm_training(cmd, log_file, threads=1):
 
 def no_training(*args, **kwargs):
     raise AssertionError("nothing may run here")
+
+
+def test_finished_run_is_skipped_for_the_same_definition_only(tmp_path, monkeypatch):
+    def parse(*extra):
+        return config.parse_args(["--work-dir", str(tmp_path), "--out", str(tmp_path / "out"),
+                                  *extra])  # fmt: skip
+
+    trained = []
+
+    def fake_run(cmd, log_file, threads=1):
+        trained.append(cmd)
+        return fake_mlm_training(cmd, log_file)
+
+    monkeypatch.setattr(training, "run", fake_run)
+    first = training.run_mlm("RealFormer", 2, 1e-3, tmp_path / "mlm-bin", parse())
+    assert (first["completed_updates"], len(trained)) == (3000, 1)
+
+    monkeypatch.setattr(training, "run", no_training)  # a finished run is not retrained
+    assert training.run_mlm("RealFormer", 2, 1e-3, tmp_path / "mlm-bin", parse()) == first
+    monkeypatch.setattr(training, "run", fake_run)  # another budget: trained again
+    again = training.run_mlm(
+        "RealFormer", 2, 1e-3, tmp_path / "mlm-bin", parse("--max-update", "40")
+    )
+    assert (again["completed_updates"], len(trained)) == (40, 2)
 
 
 def test_a_run_of_another_definition_is_trained_in_a_fresh_folder(tmp_path, monkeypatch):
@@ -286,14 +281,11 @@ def test_nmt_part_runs_the_convergence_study_and_reads_its_text(tmp_path, monkey
 
 def test_report_only_reads_every_part_without_running(tmp_path, monkeypatch):
     """--report-only with an NMT part stored by a version that wrote no definition (its job has
-    no LR or seed) and no MLM runs: nothing trains, the report is written, without them."""
+    no LR or seed) and no MLM runs: nothing is prepared or trained, the report is written,
+    without them."""
     (tmp_path / "nmt").mkdir()
     (tmp_path / "nmt" / "attn_done.json").write_text("{}")
-    monkeypatch.setattr(driver, "prepare_mlm_data", lambda *a: tmp_path / "mlm-bin")
-
-    def no_training(*args, **kwargs):
-        raise AssertionError("--report-only must not run anything")
-
+    monkeypatch.setattr(driver, "prepare_mlm_data", no_training)  # nor prepare the data
     monkeypatch.setattr(training, "run", no_training)
     monkeypatch.setattr(driver, "run_mlm", no_training)
     monkeypatch.setattr(driver, "run_nmt", no_training)

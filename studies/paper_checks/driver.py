@@ -11,7 +11,7 @@ from realformer_fairseq.atomic_files import write_text_atomic
 
 from ..runs import RunsFailed, config, write_json
 from .config import BPE_MERGES, N_ANALYSIS, N_VALID, SIZES, VARIANTS, parse_args
-from .data import prepare_mlm_data
+from .data import mlm_data_bin, prepare_mlm_data
 from .figures import plot
 from .markdown import markdown
 from .summary import summarise
@@ -46,7 +46,10 @@ def main(argv=None):
     cfg = parse_args(argv)
     t0 = time.time()
     cfg.work_dir.mkdir(parents=True, exist_ok=True)
-    data_bin = prepare_mlm_data(cfg.data, cfg.work_dir, N_VALID, N_ANALYSIS, BPE_MERGES)
+    if cfg.report_only:  # prepares nothing: without its data no stored run is of its definition
+        data_bin = mlm_data_bin(cfg.work_dir)
+    else:
+        data_bin = prepare_mlm_data(cfg.data, cfg.work_dir, N_VALID, N_ANALYSIS, BPE_MERGES)
     jobs = []
     if "mlm" in cfg.only:
         jobs += [("mlm", lab, s, cfg.lr) for s in cfg.seeds for lab in VARIANTS]
