@@ -36,5 +36,5 @@ usage (from the repository root):
     python -m studies.paper_checks                 # the doc's runs: 3 seeds, LR sweep, NMT attention
     python -m studies.paper_checks --full          # 6L, d 256, 3000 updates
     python -m studies.paper_checks --jobs 2 --only mlm lr   # parts: mlm lr nmt
-    python -m studies.paper_checks --report-only   # JSON/plots/tables from finished runs
+    python -m studies.paper_checks --report-only   # report of the finished runs of these settings
 """
