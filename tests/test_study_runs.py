@@ -108,6 +108,34 @@ def test_a_result_stored_without_its_definition_is_not_reused(tmp_path, data, ca
     assert "differs in: no definition stored" in caplog.text
 
 
+def test_report_only_reports_the_stored_runs_of_the_definition_asked_for(tmp_path, data, caplog):
+    """run_seeds(report_only=True) (lm_comparison, pretrain_comparison, glue_pairs --report-only):
+    nothing runs; a stored run of another definition is left out with a WARNING naming what
+    differs, a missing one is left out."""
+    Study().run(data, study_args(tmp_path, seeds=[1], variants=["A", "B"]))
+    report = Study()
+
+    def report_only(**changes):
+        args = study_args(tmp_path, seeds=[1, 2], **changes)
+        return runs.run_seeds(report.run_one, data, args, {"A": "a", "B": "b"}, True,
+                              command=report.command)  # fmt: skip
+
+    reported = [{k: v for k, v in r.items() if k != "definition"} for r in report_only()]
+    assert reported == [
+        {"variant": "A", "seed": 1, "max_update": 4},
+        {"variant": "B", "seed": 1, "max_update": 4},
+    ]
+    caplog.clear()
+    assert report_only(max_update=6) == []
+    assert report.calls == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"{tmp_path}/runs/{name}_seed1/result.json is another run's (differs in: command, "
+        "--max-update): not reported"
+        for name in ("a", "b")
+    ]
+
+
 def fake_glue_margins(monkeypatch, tmp_path):
     """studies.glue_pairs_margins with one condition and its commands faked: pre-training
     leaves a checkpoint that says its --max-update, evaluate.sh dev accuracy 97.5 (majority
