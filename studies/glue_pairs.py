@@ -16,9 +16,10 @@ The pre-training text is other Tatoeba pairs, each English line followed by its 
 
 Every variant and seed: ``fairseq-train --task masked_lm`` of the plugin's ``{variant}_bert_tiny``
 (resized by ``--layers/--width/--ffn/--heads``), then ``examples/glue/finetune.sh --task MRPC``
-and ``evaluate.sh``; each run writes ``result.json`` as soon as it finishes and is skipped on
-a rerun (resumable run by run); the report (JSON, Markdown, PNG of the fine-tuning dev
-accuracy) is rewritten from the finished runs.
+and ``evaluate.sh``; each run writes ``result.json`` as soon as it finishes, reused on a rerun
+only while its definition (command, data, settings) is the one asked for, otherwise trained
+again (``studies.runs``: resumable run by run); the report (JSON, Markdown, PNG of the
+fine-tuning dev accuracy) is rewritten from the finished runs.
 
 usage (from the repository root):
     python -m studies.glue_pairs                # 3 variants x 3 seeds (docs/benchmarks/glue_pairs.md)

@@ -16,6 +16,11 @@ masked_lm pre-training and its 500-update fine-tuning (finetune.sh / evaluate.sh
 them), the dev and test accuracy of each task with both sentences and with the first sentence
 blanked to "." (CONDITIONS).
 
+Resume (``studies.runs``): the pre-training and each fine-tuning leave a ``result.json`` with
+their definition (commands, fingerprint of their data and checkpoint); a stored one is reused
+only when it is the definition of this script's configuration, otherwise the run's folder is
+moved to ``<run>.superseded`` (a WARNING names what differs) and the run is done again.
+
 usage (from the repository root): python -m studies.glue_pairs_margins [--out docs/benchmarks]
 """
 
@@ -50,16 +55,18 @@ def main(argv=None):
     p.add_argument("--out", type=Path, default=runs.REPO_ROOT / "docs" / "benchmarks")
     args = p.parse_args(argv)
     t0 = time.time()
-    work = args.work_dir.resolve()
+    work = args.work_dir = args.work_dir.resolve()
     glue = runs.REPO_ROOT / "examples" / "glue"
     base = glue_pairs.build_task(runs.DEFAULT_DATA, work / "task-pretrain", SIZES)
     codes, mlm_bin = glue_pairs.prepare_pretraining(base["glue_dir"] / "pretrain.raw", work, 2000)
     save = work / "mlm"
-    if not (save / "checkpoint_last.pt").exists():
-        save.mkdir(parents=True, exist_ok=True)
-        cmd = glue_pairs.pretrain_command(mlm_bin, save, "realformer_bert_tiny", 1, MLM,
-                                          extra=["--residual-attention-mode", "mean"])  # fmt: skip
+    cmd = glue_pairs.pretrain_command(mlm_bin, save, "realformer_bert_tiny", 1, MLM,
+                                      extra=["--residual-attention-mode", "mean"])  # fmt: skip
+    pretraining = runs.definition(cmd, runs.data_fingerprint(mlm_bin), args, save)
+    if runs.finished(save / "result.json", pretraining) is None:
+        runs.claim(save, pretraining)
         runs.run(cmd, save / "train.log")
+        runs.write_json(save / "result.json", {"definition": pretraining})
     checkpoint = save / "checkpoint_last.pt"
     results = []
     for kind, blank, seeds in CONDITIONS:
@@ -72,16 +79,22 @@ def main(argv=None):
                  work / f"prepare-{name}.log")  # fmt: skip
         for seed in seeds:
             run_dir = work / f"{name}-seed{seed}"
-            done = runs.read_json(run_dir / "result.json")
+            finetune = ["bash", glue / "finetune.sh", "--task", "MRPC", "--data-bin",
+                        prep / "data-bin", "--checkpoint", checkpoint, "--save-dir",
+                        run_dir / "ft", "--cpu", *FINETUNE, "--seed", str(seed), "--",
+                        "--validate-interval-updates", "100"]  # fmt: skip
+            evaluate = ["bash", glue / "evaluate.sh", "--task", "MRPC", "--data-bin",
+                        prep / "data-bin", "--checkpoint-dir", run_dir / "ft", "--out-dir",
+                        run_dir / "eval", "--cpu"]  # fmt: skip
+            data = [prep / "data-bin", task / "test_labels.txt", checkpoint]
+            wanted = runs.definition([*finetune, ";", *evaluate], runs.data_fingerprint(data),
+                                     args, run_dir)  # fmt: skip
+            done = runs.finished(run_dir / "result.json", wanted)
             if done is None:
+                runs.claim(run_dir, wanted)
                 start = time.time()
-                runs.run(["bash", glue / "finetune.sh", "--task", "MRPC", "--data-bin",
-                          prep / "data-bin", "--checkpoint", checkpoint, "--save-dir",
-                          run_dir / "ft", "--cpu", *FINETUNE, "--seed", str(seed), "--",
-                          "--validate-interval-updates", "100"], run_dir / "finetune.log")  # fmt: skip
-                runs.run(["bash", glue / "evaluate.sh", "--task", "MRPC", "--data-bin",
-                          prep / "data-bin", "--checkpoint-dir", run_dir / "ft", "--out-dir",
-                          run_dir / "eval", "--cpu"], run_dir / "evaluate.log")  # fmt: skip
+                runs.run(finetune, run_dir / "finetune.log")
+                runs.run(evaluate, run_dir / "evaluate.log")
                 res = json.loads((run_dir / "eval" / "results.dev.json").read_text())
                 dev = res["subsets"]["valid"]
                 done = {
@@ -90,12 +103,11 @@ def main(argv=None):
                     "dev_majority": dev["majority_class"]["metrics"]["accuracy"],
                     "test_accuracy": glue_pairs.test_accuracy(
                         Path(res["test_predictions"]["test"]), task / "test_labels.txt"),
-                    "seconds": round(time.time() - start, 1),
+                    "seconds": round(time.time() - start, 1), "definition": wanted,
                 }  # fmt: skip
                 runs.write_json(run_dir / "result.json", done)
                 for ckpt in (run_dir / "ft").glob("*.pt"):
                     ckpt.unlink()
-            done["task"] = kind  # (runs stored before the kinds had these names)
             logger.info("%s", done)
             results.append(done)
     report = {"study": "glue_pairs_margins", "sizes": SIZES, "mlm": vars(MLM),

@@ -10,8 +10,10 @@ the plugin's ``*_lm_tiny`` architectures resized to the same model (default 6 la
 width 64, ffn 256, 4 heads, tied input/output embeddings), trained for the same
 number of updates with several seeds; held-out perplexity is ``fairseq-eval-lm`` on
 Multi30k test_2016_flickr (English). Each run writes its ``result.json`` as soon as it
-finishes and is skipped on a rerun (resumable run by run); the report (JSON, Markdown
-table, PNG of the validation curves) is rewritten from all finished runs.
+finishes, reused on a rerun only while its definition (command, data, settings) is the one asked
+for, otherwise trained again (``studies.runs``: resumable run by run); the report (JSON,
+Markdown table, PNG of the validation curves) is rewritten from the finished runs of that
+definition.
 
 Data: ``../shared/data/enfr/multi30k/{train,val,test_2016_flickr}.en``, lower-cased,
 punctuation split off, word-level dictionary (``fairseq-preprocess --only-source

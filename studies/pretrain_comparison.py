@@ -19,9 +19,11 @@ Text: English of ``../shared/data/enfr`` (newstest2012-2014, Multi30k train, Tat
 pseudo-documents of 20 consecutive lines (the files have no document boundaries; news lines are
 consecutive sentences of articles, the others unrelated sentences).
 
-Each run (variant, seed) trains, is scored, writes ``result.json`` and is skipped on a rerun
-(resumable; an interrupted run resumes from its ``checkpoint_last.pt``); the report (JSON,
-Markdown, PNG) is rewritten from the finished runs, with the load average seen while they ran.
+Each run (variant, seed) trains, is scored and writes ``result.json``, reused on a rerun only
+while its definition (command, data, settings) is the one asked for, otherwise trained again
+(``studies.runs``; an interrupted run of the same definition resumes from its
+``checkpoint_last.pt``); the report (JSON, Markdown, PNG) is rewritten from the finished runs,
+with the load average seen while they ran.
 
 usage (from the repository root):
     python -m studies.pretrain_comparison                # docs/benchmarks/pretrain_comparison.*

@@ -219,20 +219,23 @@ def differences(stored: Optional[Dict], wanted: Dict) -> List[str]:
     return diff
 
 
-def finished(result_file: Path, wanted: Dict, force: bool = False) -> Optional[Dict]:
-    """The stored result of a finished run of definition ``wanted`` (resume); None when the
-    run is still to do (none stored, ``force``, or stored for another definition: WARNING)."""
+def finished(
+    result_file: Path, wanted: Dict, force: bool = False, report_only: bool = False
+) -> Optional[Dict]:
+    """The stored result of a finished run of definition ``wanted`` (resume, or a report of
+    stored runs with ``report_only``); None when the run is still to do or not to report (none
+    stored, ``force``, or stored for another definition: WARNING naming what differs)."""
     result = None if force else read_json(result_file)
     if result is None:
         return None
     diff = differences(result.get("definition"), wanted)
     if diff:
         logging.getLogger("study").warning(
-            "%s is another run's (differs in: %s): not reused",
-            result_file, ", ".join(diff),
+            "%s is another run's (differs in: %s): not %s",
+            result_file, ", ".join(diff), "reported" if report_only else "reused",
         )  # fmt: skip
         return None
-    logging.getLogger("study").info("reusing %s", result_file)
+    logging.getLogger("study").info("%s %s", "reporting" if report_only else "reusing", result_file)
     return result
 
 
@@ -406,7 +409,9 @@ def run_seeds(
         run_dir = args.work_dir / "runs" / f"{variants[label]}_seed{seed}"
         cmd = command(label, seed, data_bin, run_dir, args)
         wanted = definition(cmd, data_print, args, run_dir, drop)
-        result = finished(run_dir / "result.json", wanted, args.force and not report_only)
+        result = finished(
+            run_dir / "result.json", wanted, args.force and not report_only, report_only
+        )
         if result is None and not report_only:
             claim(run_dir, wanted)
             try:

@@ -5,7 +5,9 @@ fairseq's own ``tests/utils.py`` is not in its wheel; these are ours.
 """
 
 import atexit
+import contextlib
 import importlib
+import io
 import os
 import random
 import re
@@ -14,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -193,6 +196,21 @@ def ok(proc: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
     """``proc``, which exited 0 (else the tail of its stderr)."""
     assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+def run_main(main, *argv) -> subprocess.CompletedProcess:
+    """``main(ARGV)`` in this process, as its command's process would end: the exit status of
+    its SystemExit (one error line on stderr), or 1 and the traceback of any other exception."""
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        try:
+            status = main([str(a) for a in argv])
+        except SystemExit as stop:
+            status = stop.code
+        except Exception:
+            traceback.print_exc(file=sys.stderr)
+            status = 1
+    return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
 
 
 def one_error_line(proc: subprocess.CompletedProcess, *parts, prog: str) -> str:

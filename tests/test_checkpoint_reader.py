@@ -17,13 +17,10 @@ it), and each command runs once as a user types it, on one kind, for the wiring 
 processes that import fairseq, one per command and kind).
 """
 
-import contextlib
 import fractions
-import io
 import json
 import subprocess
 import sys
-import traceback
 from argparse import Namespace
 from pathlib import Path
 
@@ -31,6 +28,7 @@ import harness
 import numpy as np
 import pytest
 import torch
+from harness import run_main
 
 GLUE = harness.REPO_ROOT / "examples" / "glue"
 PRETRAIN = harness.REPO_ROOT / "examples" / "pretrain_bert"
@@ -95,21 +93,6 @@ def assert_outcome(proc, prog, kind, path, expected):
 def run(*cmd):
     return subprocess.run([str(c) for c in cmd], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, env=harness.pipeline_env(), timeout=300)  # fmt: skip
-
-
-def run_main(main, *argv) -> subprocess.CompletedProcess:
-    """``main(ARGV)`` in this process, as its command's process would end: the exit status of
-    its SystemExit (one error line on stderr), or 1 and the traceback of any other exception."""
-    stdout, stderr = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
-        try:
-            status = main([str(a) for a in argv])
-        except SystemExit as stop:
-            status = stop.code
-        except Exception:
-            traceback.print_exc(file=sys.stderr)
-            status = 1
-    return subprocess.CompletedProcess(argv, status, stdout.getvalue(), stderr.getvalue())
 
 
 @pytest.fixture(scope="module")

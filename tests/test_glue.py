@@ -27,6 +27,7 @@ from harness import (
     ok,
     pipeline_module,
     realformer_tf_fixture,
+    run_main,
 )
 
 GLUE = REPO_ROOT / "examples" / "glue"
@@ -52,6 +53,21 @@ def split_only(glue_dir, task, work, tokenizer, *extra):
                 work, "--workers", "1", "--until", "split", *extra)  # fmt: skip
 
 
+def glue_tools(*argv):
+    """``glue_tools.py ARGV`` in this process (its ``main``, as the script's entry calls it):
+    for the tests whose subject is the step, not the command line; prepare.sh, finetune.sh and
+    evaluate.sh still run it as a process in the tests of the scripts."""
+    return run_main(pipeline_module("glue", "glue_tools").main, *argv)
+
+
+def split_in_process(glue_dir, task, work):
+    """prepare.sh's split stage (stages.sh's ``glue_tools split --task T --task-dir GLUE/T --out
+    WORK/split``) in this process: what ``split_only`` runs after its argument checks."""
+    return glue_tools(
+        "split", "--task", task, "--task-dir", glue_dir / task, "--out", work / "split"
+    )
+
+
 def lines(path):
     return Path(path).read_text(encoding="utf-8").splitlines()
 
@@ -63,10 +79,15 @@ def lines(path):
 def test_prepare_reads_each_tasks_layout(task, tmp_path, dummy_tokenizer):
     """prepare.sh's split stage takes the columns fairseq's preprocess_GLUE_tasks.sh cuts, every
     row (CoLA's header-less train/dev too), the gold label (MNLI: column 12 of train, 16 of
-    dev; STS-B's float score), the GLUE index of test rows; test files have no labels."""
+    dev; STS-B's float score), the GLUE index of test rows; test files have no labels. MNLI
+    (the task with the most files) through prepare.sh as typed, the others' split stage
+    in-process."""
     glue = write_glue(tmp_path / "glue", [task])
-    proc = ok(split_only(glue, task, tmp_path / "w", dummy_tokenizer))
-    assert "stopping after stage split" in proc.stderr
+    if task == "MNLI":
+        proc = ok(split_only(glue, task, tmp_path / "w", dummy_tokenizer))
+        assert "stopping after stage split" in proc.stderr
+    else:
+        ok(split_in_process(glue, task, tmp_path / "w"))
     out = tmp_path / "w" / "split"
     for name, (inputs, label, index) in COLUMNS[task].items():
         rows = FIXTURES[task][f"{name}.tsv"]
@@ -89,10 +110,10 @@ def test_prepare_reads_each_tasks_layout(task, tmp_path, dummy_tokenizer):
         assert not (out / "test2.input0").exists()
 
 
-def test_qqp_malformed_rows_are_dropped_counted_and_reported(tmp_path, dummy_tokenizer):
+def test_qqp_malformed_rows_are_dropped_counted_and_reported(tmp_path):
     """QQP's train/dev rows that are not 6 columns (a question broken over two lines) are dropped
     as fairseq's awk NF==6 drops them, with a line saying how many and where; a malformed test
-    row stops (every test row needs a prediction)."""
+    row stops (every test row needs a prediction). prepare.sh's split stage, in-process."""
     glue = write_glue(tmp_path / "glue", ["QQP"])
     rows = FIXTURES["QQP"]["train.tsv"]
     broken = (
@@ -109,7 +130,7 @@ def test_qqp_malformed_rows_are_dropped_counted_and_reported(tmp_path, dummy_tok
         + rows[2:]
     )
     write_tsv(glue / "QQP" / "train.tsv", broken)
-    proc = ok(split_only(glue, "QQP", tmp_path / "w", dummy_tokenizer))
+    proc = ok(split_in_process(glue, "QQP", tmp_path / "w"))
     assert ("glue: QQP train.tsv: dropped 2 malformed rows (not 6 columns, as fairseq's "
             "preprocess_GLUE_tasks.sh drops them): lines 3, 4") in proc.stderr  # fmt: skip
     assert lines(tmp_path / "w" / "split" / "train.label") == ["0", "1", "0"]
@@ -118,7 +139,7 @@ def test_qqp_malformed_rows_are_dropped_counted_and_reported(tmp_path, dummy_tok
     assert summary["subsets"]["train"]["dropped_lines"] == [3, 4]
     assert summary["subsets"]["valid"]["dropped_malformed"] == 0
     write_tsv(glue / "QQP" / "test.tsv", FIXTURES["QQP"]["test.tsv"] + [["2", "only one"]])
-    proc = split_only(glue, "QQP", tmp_path / "w2", dummy_tokenizer)
+    proc = split_in_process(glue, "QQP", tmp_path / "w2")
     one_error_line(proc, glue / "QQP" / "test.tsv", "line 4: 2 columns", "QQP's test.tsv has 3")
 
 
@@ -163,13 +184,16 @@ def test_qqp_malformed_rows_are_dropped_counted_and_reported(tmp_path, dummy_tok
     ids=["missing-file", "column-count", "unknown-label", "stsb-range", "cola-label", "header"],
 )
 def test_bad_glue_files_stop_with_one_line(task, file, edit, expected, tmp_path, dummy_tokenizer):
+    """The missing file through prepare.sh as typed (its split stage not marked done); the other
+    cases' split stage in-process: the same one error line."""
     glue = write_glue(tmp_path / "glue", [task])
     if edit is None:
         (glue / task / file).unlink()
+        one_error_line(split_only(glue, task, tmp_path / "w", dummy_tokenizer), *expected)
+        assert not (tmp_path / "w" / "stages" / "split.done").exists()
     else:
         write_tsv(glue / task / file, edit(FIXTURES[task][file]))
-    one_error_line(split_only(glue, task, tmp_path / "w", dummy_tokenizer), *expected)
-    assert not (tmp_path / "w" / "stages" / "split.done").exists()
+        one_error_line(split_in_process(glue, task, tmp_path / "w"), *expected)
 
 
 def test_prepare_arguments_are_checked_in_one_line(tmp_path, dummy_tokenizer):
@@ -247,14 +271,36 @@ def expected_flags(task, classes, lr, batch, updates, warmup):
     return flags
 
 
+def recipe_values(task):
+    return FAIRSEQ_VALUES.get(task, (2, "2e-05", 16, 400, 24))  # WNLI: RTE's, 10 epochs
+
+
+def recipe_flags(task):
+    """The flags of ``recipes.py shell --task TASK`` (finetune.sh's RECIPE_TRAIN), in-process."""
+    out = run_main(pipeline_module("glue", "recipes").main, "shell", "--task", task)
+    first = ok(out).stdout.splitlines()[0]
+    assert first.startswith("RECIPE_TRAIN=(") and first.endswith(")"), first
+    head, flags = parse_flags(first[len("RECIPE_TRAIN=(") : -1])
+    assert head == []
+    return flags
+
+
 @pytest.mark.parametrize("task", sorted(FAIRSEQ_VALUES) + ["WNLI"])
-def test_finetune_dry_run_is_fairseqs_recipe(task, tmp_path):
-    values = FAIRSEQ_VALUES.get(task, (2, "2e-05", 16, 400, 24))  # WNLI: RTE's, 10 epochs
+def test_the_recipe_is_fairseqs(task):
+    """Every task's recipe (recipes.py shell, in-process): fairseq's values; finetune.sh's use
+    of it, as typed: the test below."""
+    assert recipe_flags(task) == expected_flags(task, *recipe_values(task))
+
+
+def test_finetune_dry_run_is_fairseqs_recipe():
+    """finetune.sh --dry-run as typed (STS-B: the regression flags and a metric flag of its
+    own): the task's recipe unchanged, and the model, data and save folder."""
+    task = "STS-B"
     proc = ok(bash("finetune.sh", "--task", task, "--data-bin", "/nonexistent/bin", "--checkpoint",
                    "/nonexistent/model.pt", "--arch", "realformer_bert_base", "--dry-run"))  # fmt: skip
     head, flags = parse_flags(proc.stdout)
     assert head[0].endswith("fairseq-train") and head[1:] == ["/nonexistent/bin"]
-    expected = expected_flags(task, *values)
+    expected = expected_flags(task, *recipe_values(task))
     expected.update({"--user-dir": USER_DIR, "--arch": "realformer_bert_base",
                      "--finetune-from-model": "/nonexistent/model.pt",
                      "--save-dir": str(Path.cwd() / "glue_checkpoints" / task)})  # fmt: skip
@@ -405,8 +451,7 @@ def test_recipe_sources_are_lines_of_fairseqs_files():
 
 
 def test_readme_recipe_table_is_the_recipe_module():
-    table = subprocess.run([sys.executable, GLUE / "recipes.py", "table"], stdout=subprocess.PIPE,
-                           text=True, check=True).stdout.strip()  # fmt: skip
+    table = ok(run_main(pipeline_module("glue", "recipes").main, "table")).stdout.strip()
     assert (
         "| `--lr` | `1e-05` | `1e-05` | `1e-05` | `2e-05` | `1e-05` | `1e-05` | `1e-05` | `2e-05` | `2e-05` |"
         in table
@@ -1029,10 +1074,8 @@ def test_max_seq_length_cuts_pairs_as_berts_truncate_seq_pair(long_pair, tmp_pat
                    tmp_path / "none", "--dry-run"))  # fmt: skip
     assert cut in proc.stderr
 
-    def check(*args):
-        return subprocess.run([sys.executable, GLUE / "glue_tools.py", "check-lengths", "--task",
-                               "RTE", "--data-bin", data_bin, *args], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)  # fmt: skip
+    def check(*args):  # glue_tools.py check-lengths, in-process (finetune.sh ran it above)
+        return glue_tools("check-lengths", "--task", "RTE", "--data-bin", data_bin, *args)
 
     ok(check("--pair-layout", "bert", "--positions", "32"))
     one_error_line(check("--pair-layout", "roberta", "--positions", "64"),

@@ -1,9 +1,11 @@
 """``studies.runs``, what every training study shares: a stored result is reused only for the run
-it is of (command, data, settings), a failed run never cancels the others, only fairseq's own
-NaN/Inf stop is a divergence, and every study logs with times at INFO through one helper."""
+it is of (command, data, settings), in the studies of run_seeds and in glue_pairs_margins; a
+failed run never cancels the others, only fairseq's own NaN/Inf stop is a divergence, and every
+study logs with times at INFO through one helper."""
 
 import argparse
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -104,6 +106,125 @@ def test_a_result_stored_without_its_definition_is_not_reused(tmp_path, data, ca
     assert study.run(data, study_args(tmp_path, seeds=[1], variants=["A"]))[0]["max_update"] == 4
     assert study.calls == [("A", 1)]
     assert "differs in: no definition stored" in caplog.text
+
+
+def test_report_only_reports_the_stored_runs_of_the_definition_asked_for(tmp_path, data, caplog):
+    """run_seeds(report_only=True) (lm_comparison, pretrain_comparison, glue_pairs --report-only):
+    nothing runs; a stored run of another definition is left out with a WARNING naming what
+    differs, a missing one is left out."""
+    Study().run(data, study_args(tmp_path, seeds=[1], variants=["A", "B"]))
+    report = Study()
+
+    def report_only(**changes):
+        args = study_args(tmp_path, seeds=[1, 2], **changes)
+        return runs.run_seeds(report.run_one, data, args, {"A": "a", "B": "b"}, True,
+                              command=report.command)  # fmt: skip
+
+    reported = [{k: v for k, v in r.items() if k != "definition"} for r in report_only()]
+    assert reported == [
+        {"variant": "A", "seed": 1, "max_update": 4},
+        {"variant": "B", "seed": 1, "max_update": 4},
+    ]
+    caplog.clear()
+    assert report_only(max_update=6) == []
+    assert report.calls == []
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert warnings == [
+        f"{tmp_path}/runs/{name}_seed1/result.json is another run's (differs in: command, "
+        "--max-update): not reported"
+        for name in ("a", "b")
+    ]
+
+
+def fake_glue_margins(monkeypatch, tmp_path):
+    """studies.glue_pairs_margins with one condition and its commands faked: pre-training
+    leaves a checkpoint that says its --max-update, evaluate.sh dev accuracy 97.5 (majority
+    50) and test predictions 1 0 for labels 1 1; returns the scripts run, by name."""
+    from studies import glue_pairs, glue_pairs_margins
+
+    monkeypatch.setattr(glue_pairs_margins, "CONDITIONS", [("any-french", False, (1,))])
+
+    def build_task(data_root, out, sizes, kind="translation", blank_first=False):
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "test_labels.txt").write_text("1\n1\n")
+        return {"glue_dir": out}
+
+    def prepare_pretraining(raw, work, merges):
+        (work / "mlm-bin").mkdir(parents=True, exist_ok=True)
+        (work / "mlm-bin" / "train.bin").write_bytes(b"pretraining tokens")
+        return work / "bpecodes", work / "mlm-bin"
+
+    ran = []
+
+    def run(cmd, log_file, threads=1):
+        cmd = [str(c) for c in cmd]
+        ran.append(Path(cmd[1] if cmd[0] == "bash" else cmd[0]).name)
+        if ran[-1] == "fairseq-train":
+            save = Path(cmd[cmd.index("--save-dir") + 1])
+            (save / "checkpoint_last.pt").write_text(cmd[cmd.index("--max-update") + 1])
+        if ran[-1] == "evaluate.sh":
+            out = Path(cmd[cmd.index("--out-dir") + 1])
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "test.txt").write_text("1\n0\n")
+            dev = {"metrics": {"accuracy": 97.5}, "majority_class": {"metrics": {"accuracy": 50}}}
+            results = {
+                "subsets": {"valid": dev},
+                "test_predictions": {"test": str(out / "test.txt")},
+            }
+            (out / "results.dev.json").write_text(json.dumps(results))
+
+    monkeypatch.setattr(glue_pairs, "build_task", build_task)
+    monkeypatch.setattr(glue_pairs, "prepare_pretraining", prepare_pretraining)
+    monkeypatch.setattr(runs, "run", run)
+    return glue_pairs_margins, ran
+
+
+def test_glue_pairs_margins_reuses_only_the_runs_of_its_configuration(
+    tmp_path, monkeypatch, caplog
+):
+    margins, ran = fake_glue_margins(monkeypatch, tmp_path)
+    argv = ["--work-dir", str(tmp_path / "work"), "--out", str(tmp_path / "out")]
+
+    def accuracies(report):
+        return [
+            (r["task"], r["seed"], r["dev_accuracy"], r["test_accuracy"]) for r in report["runs"]
+        ]
+
+    assert accuracies(margins.main(argv)) == [("any-french", 1, 97.5, 50.0)]
+    assert ran == ["fairseq-train", "prepare.sh", "finetune.sh", "evaluate.sh"]
+    ran.clear()
+    assert accuracies(margins.main(argv)) == [("any-french", 1, 97.5, 50.0)]
+    assert ran == ["prepare.sh"]  # prepare.sh skips its own finished stages
+
+    ran.clear()  # another fine-tuning budget: fine-tuned again, the old folder kept aside
+    monkeypatch.setattr(margins, "FINETUNE", ["--lr", "5e-4", "--max-update", "400"])
+    caplog.clear()
+    margins.main(argv)
+    assert ran == ["prepare.sh", "finetune.sh", "evaluate.sh"]
+    run_dir = tmp_path / "work" / "any-french-seed1"
+    assert (
+        "--max-update 500"
+        in runs.read_json(run_dir.with_name(run_dir.name + ".superseded") / "result.json")[
+            "definition"
+        ]["command"]
+    )
+    assert f"{run_dir}/result.json is another run's (differs in: command): not reused" in (
+        caplog.text
+    )
+    ran.clear()  # another pre-training: pre-trained again, and its fine-tuning (other weights)
+    monkeypatch.setattr(
+        margins, "MLM", argparse.Namespace(**{**vars(margins.MLM), "mlm_updates": 50})
+    )
+    caplog.clear()
+    margins.main(argv)
+    assert ran == ["fairseq-train", "prepare.sh", "finetune.sh", "evaluate.sh"]
+    assert (tmp_path / "work" / "mlm" / "checkpoint_last.pt").read_text() == "50"
+    assert f"{run_dir}/result.json is another run's (differs in: data): not reused" in caplog.text
+    ran.clear()  # a result stored by a version that wrote no definition
+    stored = runs.read_json(run_dir / "result.json")
+    runs.write_json(run_dir / "result.json", {k: v for k, v in stored.items() if k != "definition"})
+    margins.main(argv)
+    assert ran == ["prepare.sh", "finetune.sh", "evaluate.sh"]
 
 
 # fairseq 0.12's tracebacks' last lines (fairseq/trainer.py, optim/dynamic_loss_scaler.py)

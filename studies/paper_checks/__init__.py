@@ -9,9 +9,12 @@ the latter also on NMT models with ADMIN init (Liu et al., arXiv 2004.08249).
 Every run is a real ``fairseq-train --user-dir realformer_fairseq`` subprocess
 (``--task masked_lm --criterion masked_lm_accuracy``); the attention statistics come
 from ``realformer-attention-stats``; the NMT checkpoints from ``studies.convergence``
-(``--keep-checkpoints``). Each finished run writes ``result.json`` in its run directory
-and is skipped when the driver is started again (resume); the report (JSON, PNG, Markdown
-tables) is rewritten from whatever has finished.
+(``--keep-checkpoints``). Each finished run writes ``result.json`` in its run directory,
+with its definition (command, data fingerprint, settings); the driver started again reuses it
+only when that is the definition asked for now, and otherwise trains the run again (its old
+folder moved to ``<run>.superseded``; a WARNING names what differs). The report (JSON, PNG,
+Markdown tables) is rewritten from the finished runs of the definitions asked for;
+``--report-only`` reports those and names the others at WARNING.
 
 One module per job: ``config`` (sizes, variants, arguments, run folders), ``data`` (the
 Tatoeba masked-LM data), ``training`` (the MLM and NMT runs and their attention statistics),
@@ -33,5 +36,5 @@ usage (from the repository root):
     python -m studies.paper_checks                 # the doc's runs: 3 seeds, LR sweep, NMT attention
     python -m studies.paper_checks --full          # 6L, d 256, 3000 updates
     python -m studies.paper_checks --jobs 2 --only mlm lr   # parts: mlm lr nmt
-    python -m studies.paper_checks --report-only   # JSON/plots/tables from finished runs
+    python -m studies.paper_checks --report-only   # report of the finished runs of these settings
 """

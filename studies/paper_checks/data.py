@@ -16,6 +16,11 @@ from ..text import split_words
 ANALYSIS_LINE_TOKENS = 120
 
 
+def mlm_data_bin(work: Path) -> Path:
+    """Where ``prepare_mlm_data`` leaves the masked-LM data-bin."""
+    return work / "mlm-bin"
+
+
 def prepare_mlm_data(data_root: Path, work: Path, n_valid: int, n_analysis: int, merges: int):
     """Shuffle (seed 0) and split Tatoeba English; BPE; fairseq-preprocess --only-source."""
     import io
@@ -23,7 +28,7 @@ def prepare_mlm_data(data_root: Path, work: Path, n_valid: int, n_analysis: int,
     from subword_nmt.apply_bpe import BPE
     from subword_nmt.learn_bpe import learn_bpe
 
-    data_bin = work / "mlm-bin"
+    data_bin = mlm_data_bin(work)
     if (data_bin / "valid.bin").exists():
         return data_bin
     lines = read_lines(data_root / "tatoeba" / "fra-eng.no-tatoeba-test.en", None)

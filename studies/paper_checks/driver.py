@@ -9,13 +9,13 @@ from pathlib import Path
 
 from realformer_fairseq.atomic_files import write_text_atomic
 
-from ..runs import RunsFailed, config, read_json, write_json
-from .config import BPE_MERGES, N_ANALYSIS, N_VALID, SIZES, VARIANTS, mlm_run_dir, parse_args
-from .data import prepare_mlm_data
+from ..runs import RunsFailed, config, write_json
+from .config import BPE_MERGES, N_ANALYSIS, N_VALID, SIZES, VARIANTS, parse_args
+from .data import mlm_data_bin, prepare_mlm_data
 from .figures import plot
 from .markdown import markdown
 from .summary import summarise
-from .training import log, mlm_command, run_mlm, run_nmt
+from .training import log, mlm_command, run_mlm, run_nmt, stored_mlm, stored_nmt
 
 
 def report(mlm, sweep, nmt, cfg, t0):
@@ -46,7 +46,10 @@ def main(argv=None):
     cfg = parse_args(argv)
     t0 = time.time()
     cfg.work_dir.mkdir(parents=True, exist_ok=True)
-    data_bin = prepare_mlm_data(cfg.data, cfg.work_dir, N_VALID, N_ANALYSIS, BPE_MERGES)
+    if cfg.report_only:  # prepares nothing: without its data no stored run is of its definition
+        data_bin = mlm_data_bin(cfg.work_dir)
+    else:
+        data_bin = prepare_mlm_data(cfg.data, cfg.work_dir, N_VALID, N_ANALYSIS, BPE_MERGES)
     jobs = []
     if "mlm" in cfg.only:
         jobs += [("mlm", lab, s, cfg.lr) for s in cfg.seeds for lab in VARIANTS]
@@ -61,10 +64,10 @@ def main(argv=None):
 
     def do(job):
         kind, lab, seed, lr = job
-        if cfg.report_only:
+        if cfg.report_only:  # only the stored runs of the definitions asked for now
             if kind == "nmt":
-                return read_json(cfg.work_dir / "nmt" / "attn_done.json")
-            return read_json(mlm_run_dir(cfg, lab, lr, seed) / "result.json")
+                return stored_nmt(cfg)
+            return stored_mlm(lab, seed, lr, data_bin, cfg)
         if kind == "nmt":
             return run_nmt(cfg)
         return run_mlm(lab, seed, lr, data_bin, cfg)

@@ -1,7 +1,15 @@
 """The runs of the RealFormer paper checks (He et al., arXiv 2012.11747): masked-LM
-``fairseq-train`` runs (one ``result.json`` each, skipped when present), the NMT runs of
-``studies.convergence`` (ADMIN vs RealFormer+ADMIN, Liu et al. arXiv 2004.08249), and
-``realformer-attention-stats`` on every final checkpoint."""
+``fairseq-train`` runs (one ``result.json`` each), the NMT runs of ``studies.convergence``
+(ADMIN vs RealFormer+ADMIN, Liu et al. arXiv 2004.08249), and ``realformer-attention-stats`` on
+every final checkpoint.
+
+A stored result carries its definition (``studies.runs.definition``) and is reused, or reported
+by ``--report-only``, only when that is the definition asked for now (``studies.runs.finished``:
+otherwise a WARNING names what differs). An MLM run: its ``fairseq-train`` command, the
+fingerprint of the masked-LM data and the settings that shape it. The NMT attention statistics
+(``nmt/attn_done.json``): the ``studies.convergence`` command, the fingerprint of the
+checkpoints, data and text they are computed from, and ``--attn-lines``; the NMT runs
+themselves are ``studies.convergence``'s, which reuses them by their own definitions."""
 
 import json
 import math
@@ -16,6 +24,7 @@ from .. import convergence
 from ..runs import (
     REPO_ROOT,
     CommandFailed,
+    claim,
     data_fingerprint,
     definition,
     fairseq_command,
@@ -23,7 +32,6 @@ from ..runs import (
     get_logger,
     log_records,
     nan_inf_stop,
-    read_json,
     run,
     run_flags,
     train_head,
@@ -33,6 +41,10 @@ from ..runs import (
 from .config import NMT_VARIANTS, SIZES, VARIANTS, mlm_run_dir, nmt_run_dir
 
 log = get_logger("paper_checks")
+
+# settings that do not define one MLM run (its own lr is in its command) or the NMT part
+MLM_NOT_DEFINING = ("lr", "sweep_lrs", "only", "nmt_updates", "full")
+NMT_NOT_DEFINING = ("lr", "sweep_lrs", "only", "full", "size", "max_update", "valid_every")
 
 
 def mlm_command(data_bin: Path, save_dir: Path, arch: str, seed: int, lr: float, cfg) -> List:
@@ -59,18 +71,33 @@ def parse_mlm_log(text: str):
     return valid_curve(text, "accuracy"), (statistics.median(ups) if ups else None)
 
 
-def run_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[Dict]:
-    arch = f"{VARIANTS[label]}_tiny"  # sizes come from the explicit flags
+def mlm_arch(label: str) -> str:
+    return f"{VARIANTS[label]}_tiny"  # sizes come from the explicit flags
+
+
+def mlm_definition(label: str, seed: int, lr: float, data_bin: Path, cfg):
+    """(run folder, ``fairseq-train`` command, definition) of one MLM run."""
     run_dir = mlm_run_dir(cfg, label, lr, seed)
+    cmd = mlm_command(data_bin, run_dir, mlm_arch(label), seed, lr, cfg)
+    wanted = definition(cmd, data_fingerprint(data_bin), cfg, run_dir, drop=MLM_NOT_DEFINING)
+    return run_dir, cmd, wanted
+
+
+def stored_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[Dict]:
+    """The stored result of this MLM run (``--report-only``): None when there is none or it is
+    another definition's (WARNING)."""
+    run_dir, _, wanted = mlm_definition(label, seed, lr, data_bin, cfg)
+    return finished(run_dir / "result.json", wanted, report_only=True)
+
+
+def run_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[Dict]:
+    run_dir, cmd, wanted = mlm_definition(label, seed, lr, data_bin, cfg)
     result_file = run_dir / "result.json"
-    cmd = mlm_command(data_bin, run_dir, arch, seed, lr, cfg)
-    # the run's own lr is in its command; the other runs' lrs and the NMT part do not define it
-    wanted = definition(cmd, data_fingerprint(data_bin), cfg, run_dir,
-                        drop=("lr", "sweep_lrs", "only", "nmt_updates", "full"))  # fmt: skip
     result = finished(result_file, wanted)
     if result:
         return result
-    run_dir.mkdir(parents=True, exist_ok=True)
+    # another definition's folder (its checkpoint_last.pt would be resumed) goes aside
+    claim(run_dir, wanted)
     start = time.time()
     try:
         text = run(cmd, run_dir / "train.log")
@@ -84,7 +111,7 @@ def run_mlm(label: str, seed: int, lr: float, data_bin: Path, cfg) -> Optional[D
     diverged = failed is not None or not curve or not all(math.isfinite(p["loss"]) for p in curve)
     result = {
         "variant": label,
-        "arch": arch,
+        "arch": mlm_arch(label),
         "size": cfg.size,
         "seed": seed,
         "lr": lr,
@@ -151,19 +178,45 @@ def load_attn(out: Path) -> Dict:
 # NMT (ADMIN vs RealFormer+ADMIN) through studies.convergence
 
 
-def run_nmt(cfg) -> Optional[Dict]:
+def nmt_command(cfg) -> List:
+    """``python -m studies.convergence`` for the NMT part (the paper checks' ``--data``)."""
     out = cfg.work_dir / "nmt"
-    done = out / "attn_done.json"
-    if done.exists():
-        return read_json(done)
-    work = out / "work"
-    argv = [
-        sys.executable, "-m", convergence.__name__, "--work-dir", work, "--out", out,
-        "--variants", *(label for label, _ in NMT_VARIANTS), "--seeds", "1",
-        "--max-update", cfg.nmt_updates, "--valid-every", max(cfg.nmt_updates // 4, 1),
-        "--jobs", "2", "--keep-checkpoints",
+    return [
+        sys.executable, "-m", convergence.__name__, "--data", cfg.data, "--work-dir",
+        out / "work", "--out", out, "--variants", *(label for label, _ in NMT_VARIANTS),
+        "--seeds", "1", "--max-update", cfg.nmt_updates,
+        "--valid-every", max(cfg.nmt_updates // 4, 1), "--jobs", "2", "--keep-checkpoints",
     ]  # fmt: skip
-    run(argv, out.with_suffix(".log"))
+
+
+def nmt_definition(cfg) -> Dict:
+    """What defines the NMT attention statistics: the convergence command, the fingerprint of
+    its checkpoints, its data-bin and the test text they are computed on, ``--attn-lines``."""
+    work = cfg.work_dir / "nmt" / "work"
+    inputs = [nmt_run_dir(cfg, prefix) / "checkpoint_last.pt" for _, prefix in NMT_VARIANTS]
+    inputs += [work / "data-bin"]
+    inputs += [convergence.prepared_text(work, "test", lang) for lang in ("en", "fr")]
+    return definition(nmt_command(cfg), data_fingerprint(inputs), cfg, cfg.work_dir / "nmt",
+                      drop=NMT_NOT_DEFINING)  # fmt: skip
+
+
+def stored_nmt(cfg) -> Optional[Dict]:
+    """The stored NMT attention statistics (``--report-only``): None when there are none or
+    they are another definition's (WARNING)."""
+    done = finished(cfg.work_dir / "nmt" / "attn_done.json", nmt_definition(cfg), report_only=True)
+    return done and done["attention"]
+
+
+def run_nmt(cfg) -> Optional[Dict]:
+    """The convergence runs (reused by their definitions), then the attention statistics of
+    their checkpoints, unless those stored are of the same definition."""
+    out = cfg.work_dir / "nmt"
+    work = out / "work"
+    run(nmt_command(cfg), out.with_suffix(".log"))
+    wanted = nmt_definition(cfg)
+    done = finished(out / "attn_done.json", wanted)
+    if done:
+        return done["attention"]
     res = {}
     for label, prefix in NMT_VARIANTS:
         run_dir = nmt_run_dir(cfg, prefix)
@@ -176,5 +229,5 @@ def run_nmt(cfg) -> Optional[Dict]:
             target=convergence.prepared_text(work, "test", "fr"),
         )
         res[label] = load_attn(run_dir / "attn")
-    write_json(done, res)
+    write_json(out / "attn_done.json", {"attention": res, "definition": wanted})
     return res
