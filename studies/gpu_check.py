@@ -273,9 +273,7 @@ def speed_part(cfg, part=None, generation: bool = True) -> dict:
 
 
 # the variants whose residual attention route studies.triton_cost models
-# the cost model's route of each variant: the kernels' dq pass reads the stream gradient the
-# key-block pass wrote (modules/triton_attention.py's _dq_kernel): triton_dq_from_gradient
-PREDICTED = {"realformer_eager": "eager", "realformer_triton": "triton_dq_from_gradient"}
+PREDICTED = {"realformer_eager": "eager", "realformer_triton": "triton"}
 
 
 def device_name(device: str) -> str:

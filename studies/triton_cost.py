@@ -12,13 +12,14 @@ decoder layer's cross-attention returns its probabilities, fairseq's alignment l
   as PyTorch runs it: ``q k^T`` in fp16, a float32 copy, the stream added in place, the running
   mean's division, the mask, the softmax, an fp16 copy, ``P V``, and each of their backwards.
   Autograd keeps the float32 softmax output and the fp16 probabilities (6 bytes per score).
-* ``triton``: the fused kernel as issue 53 designs it: one forward reading ``q, k, v`` and the
-  previous float32 stream, writing the new stream, the output and the row statistics; causal
-  blocks above the diagonal skipped (decoder self-attention, mask made from the indices); a
-  backward of three kernels: a ``delta`` pre-pass, a key-block pass (``dk``, ``dv`` and the
-  stream gradient handed down) and a query-block pass for ``dq`` without atomics (both read the
-  stream and the incoming stream gradient; nothing of ``q k^T`` is recomputed: the stream holds
-  it). A chain keeps one float32 stream (4 bytes per score), its last (issue 51): the
+* ``triton``: the fused kernels as modules/triton_attention.py runs them: one forward reading
+  ``q, k, v`` and the previous float32 stream, writing the new stream, the output and the row
+  statistics; causal blocks above the diagonal skipped (decoder self-attention, mask made from
+  the indices); a backward of three kernels: a ``delta`` pre-pass, a key-block pass (reads the
+  stream and the incoming stream gradient; writes ``dk``, ``dv`` and the whole stream gradient
+  ``G``, handed down) and a query-block pass ``dq = G K`` without atomics.
+  ``triton_dq_recomputed`` is issue 53's first design, for comparison: its dq pass reads the
+  stream and the incoming gradient and recomputes ``G``. A chain keeps one float32 stream (4 bytes per score), its last (issue 51): the
   key-block pass rewrites the stream it read as the previous layer's (``S - q k^T``: one more
   product per score and 4 bytes written) and the stream gradient handed down over the incoming
   one (the layer before the alignment layer keeps its own). Attention dropout from Philox with
@@ -72,7 +73,7 @@ from .tables import md_table
 MODEL = dict(enc_layers=6, dec_layers=6, width=512, ffn=2048, heads=8, vocab=8000)
 BATCH_TOKENS = 8192
 LENGTHS = (32, 128, 512, 2048)
-ROUTES = ("fused", "eager", "triton", "triton_dq_from_gradient")
+ROUTES = ("fused", "eager", "triton", "triton_dq_recomputed")
 FP16 = 2  # bytes of an fp16 / bf16 element
 F32 = 4  # the stream, the softmax in float32, row statistics
 
@@ -289,12 +290,15 @@ def eager_cost(layer: Layer, dropout: float = 0.0) -> LayerCost:
 
 
 def triton_cost(
-    layer: Layer, dropout: float = 0.0, elements_per_philox: int = 4, dq_from_gradient: bool = False
+    layer: Layer, dropout: float = 0.0, elements_per_philox: int = 4, dq_recomputed: bool = False
 ) -> LayerCost:
-    """Issue 53's fused kernels; the alignment layer (probabilities asked for) runs eager.
-    ``dq_from_gradient``: the variant whose key-block pass writes the stream's whole gradient
-    ``G`` (it is what it hands down anyway) and whose dq pass reads it (``dq = G K``: one
-    product, no stream, no incoming gradient, no exponentials) instead of recomputing it."""
+    """The fused kernels as modules/triton_attention.py runs them (issue 53, and issue 51's one
+    stream per chain); the alignment layer (probabilities asked for) runs eager. The key-block
+    pass writes the stream's whole gradient ``G`` (it is what it hands down anyway) and the dq
+    pass reads it (``dq = G K``: one product, no stream, no incoming gradient, no exponentials).
+    ``dq_recomputed``: the variant of issue 53's first design, whose dq pass recomputes ``G``
+    from the stream and the incoming gradient instead."""
+    dq_from_gradient = not dq_recomputed
     if layer.need_weights:
         return eager_cost(layer, dropout)
     n, d = layer.scores, layer.head_dim
@@ -405,9 +409,9 @@ COSTS = {
     "fused": fused_cost,
     "eager": eager_cost,
     "triton": triton_cost,
-    # a variant of the design, for comparison: dq from the written stream gradient
-    "triton_dq_from_gradient": lambda layer, dropout=0.0: triton_cost(
-        layer, dropout, dq_from_gradient=True
+    # a variant of the design, for comparison: dq recomputed from the stream
+    "triton_dq_recomputed": lambda layer, dropout=0.0: triton_cost(
+        layer, dropout, dq_recomputed=True
     ),
 }
 

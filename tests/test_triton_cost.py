@@ -50,13 +50,16 @@ def test_one_triton_layer_at_32_tokens_by_hand():
     # delta: reads dO, O (16,777,216), writes 262,144; key blocks: reads q, k, v, dO
     # (33,554,432), three row statistics (786,432), the stream and its incoming gradient
     # (16,777,216), writes dk, dv (16,777,216), the gradient handed down (8,388,608) and the
-    # previous layer's stream rebuilt over this one's (8,388,608; issue 51); dq: the same
-    # reads, writes dq (8,388,608)
-    assert phase_bytes(cost.backward) == 17_039_360 + 84_672_512 + 59_506_688 == 161_218_560
-    # dP, dV, dK and the rebuild's q k^T in the key pass (2 x 64 each per score), dS, dQ recomputed
-    assert sum(k.flops for k in cost.backward) == 12 * 64 * 2_097_152
+    # previous layer's stream rebuilt over this one's (8,388,608; issue 51); dq = G K: reads k
+    # and the gradient handed down (16,777,216), writes dq (8,388,608)
+    assert phase_bytes(cost.backward) == 17_039_360 + 84_672_512 + 25_165_824 == 126_877_696
+    # dP, dV, dK and the rebuild's q k^T in the key pass, G K in the dq pass (2 x 64 a score each)
+    assert sum(k.flops for k in cost.backward) == 10 * 64 * 2_097_152
     assert cost.kept == 0  # layer 3 rebuilds its stream: the chain keeps the last layer's
     assert cost.transient == 8_388_608  # the incoming gradient, the one handed down over it
+    # issue 53's first design recomputed G in its dq pass: the key pass's reads again (51,118,080)
+    recomputed = tc.triton_cost(layer(32), dq_recomputed=True)
+    assert phase_bytes(recomputed.backward) == 17_039_360 + 84_672_512 + 59_506_688
 
 
 def test_one_fused_layer_at_32_tokens_by_hand():
@@ -138,10 +141,9 @@ def test_the_json_rows_carry_each_layer_with_its_hand_computed_bytes():
     (layer2,) = [
         x for x in row["layers"] if (x["chain"], x["index"]) == ("encoder self-attention", 2)
     ]
-    # backward: the key-block pass also writes the rebuilt previous stream, 2048 x 32 x 32 x 4 B
-    # (issue 51): 152,829,952 + 8,388,608; it keeps nothing T x T (its stream is rebuilt by
-    # layer 3), the chain's last layer keeps one stream
-    assert layer2["forward"]["bytes"] == 50_855_936 and layer2["backward"]["bytes"] == 161_218_560
+    # backward as by hand above; it keeps nothing T x T (its stream is rebuilt by layer 3), the
+    # chain's last layer keeps one stream
+    assert layer2["forward"]["bytes"] == 50_855_936 and layer2["backward"]["bytes"] == 126_877_696
     assert layer2["kept_bytes"] == 0
     (last,) = [
         x for x in row["layers"] if (x["chain"], x["index"]) == ("encoder self-attention", 5)
