@@ -22,8 +22,9 @@ decoder layer's cross-attention returns its probabilities, fairseq's alignment l
   stream and the incoming gradient and recomputes ``G``. A chain keeps one float32 stream (4 bytes per score), its last (issue 51): the
   key-block pass rewrites the stream it read as the previous layer's (``S - q k^T``: one more
   product per score and 4 bytes written) and the stream gradient handed down over the incoming
-  one (the layer before the alignment layer keeps its own). Attention dropout from Philox with
-  ``elements_per_philox`` mask elements per call. The alignment layer runs the eager route.
+  one. Attention dropout from Philox with ``elements_per_philox`` mask elements per call. The
+  alignment layer runs the kernels too; its probabilities are the eager route's masked softmax
+  of the stream in PyTorch (kept for backward, float32), averaged over the heads.
 * ``fused``: fairseq's ``transformer`` on a GPU: ``F.multi_head_attention_forward`` hands
   ``scaled_dot_product_attention`` an additive mask (key padding merged in, the causal mask as
   a tensor, never ``is_causal``), so flash is out; on the H200 with torch 2.11 SDPA picked cuDNN
@@ -162,7 +163,6 @@ class Layer:
     causal: bool
     key_padding: bool
     need_weights: bool = False
-    next_need_weights: bool = False  # the next layer of the chain runs eager (alignment)
 
     @property
     def scores(self) -> int:
@@ -198,7 +198,6 @@ def chain_layers(model: Dict, length: int, batch_tokens: int) -> List[Layer]:
     ):
         for i in range(count):
             alignment = chain == "cross-attention" and i == count - 1  # fairseq's need_attn
-            before_alignment = chain == "cross-attention" and i == count - 2
             layers.append(
                 Layer(
                     chain,
@@ -212,7 +211,6 @@ def chain_layers(model: Dict, length: int, batch_tokens: int) -> List[Layer]:
                     causal,
                     padding,
                     alignment,
-                    before_alignment,
                 )
             )
     return layers
@@ -293,14 +291,13 @@ def triton_cost(
     layer: Layer, dropout: float = 0.0, elements_per_philox: int = 4, dq_recomputed: bool = False
 ) -> LayerCost:
     """The fused kernels as modules/triton_attention.py runs them (issue 53, and issue 51's one
-    stream per chain); the alignment layer (probabilities asked for) runs eager. The key-block
+    stream per chain); the alignment layer's probabilities (asked for) are the eager route's
+    masked softmax of the stream, in PyTorch beside the kernels. The key-block
     pass writes the stream's whole gradient ``G`` (it is what it hands down anyway) and the dq
     pass reads it (``dq = G K``: one product, no stream, no incoming gradient, no exponentials).
     ``dq_recomputed``: the variant of issue 53's first design, whose dq pass recomputes ``G``
     from the stream and the incoming gradient instead."""
     dq_from_gradient = not dq_recomputed
-    if layer.need_weights:
-        return eager_cost(layer, dropout)
     n, d = layer.scores, layer.head_dim
     q, kv = qkvo_bytes(layer)
     rows = layer.bh * layer.tgt * F32
@@ -320,7 +317,8 @@ def triton_cost(
         philox * f_fwd * n,
         "triton",
     )
-    d_stream = F32 * stream_b if layer.has_next else 0.0
+    # the stream's incoming gradient: the next layer's, or the probabilities' (need_weights)
+    d_stream = F32 * stream_b if layer.has_next or layer.need_weights else 0.0
     d_prev = F32 * stream_b if layer.has_prev or dq_from_gradient else 0.0
     # issue 51: the key-block pass rewrites the stream as the previous layer's (S - q k^T)
     rebuild = layer.has_prev
@@ -357,13 +355,24 @@ def triton_cost(
         query_pass,
     )
     # kept: one whole stream per chain (allocated T x S, also above a causal diagonal), the
-    # last layer's, or a layer's whose next runs eager (the alignment layer); in backward the
-    # stream gradient handed down is written over the incoming one, but where the next layer
-    # is eager (its gradient is not the kernels' to overwrite)
-    keeps_own = not layer.has_next or layer.next_need_weights
-    incoming = F32 * n if layer.has_next else 0.0
-    handed_down = F32 * n if d_prev and (not layer.has_next or layer.next_need_weights) else 0.0
-    return LayerCost((forward,), backward, F32 * n if keeps_own else 0.0, incoming + handed_down)
+    # last layer's; in backward the stream gradient handed down is written over the incoming
+    # one, where a layer of the route made it
+    kept = 0.0 if layer.has_next else F32 * n
+    incoming = F32 * n if layer.has_next or layer.need_weights else 0.0
+    handed_down = F32 * n if d_prev and not layer.has_next else 0.0
+    forward_kernels = (forward,)
+    if layer.need_weights:  # the probabilities, as the eager route forms them, and their mean
+        forward_kernels += (
+            Kernel("stream / (l + 1), masked (a copy)", 2 * F32 * n, F32 * n),
+            Kernel("softmax (need_weights)", F32 * n, F32 * n, exps=n),
+            Kernel("mean of the heads' probabilities", F32 * n, F32 * n / layer.heads),
+        )
+        backward = (
+            Kernel("softmax backward (need_weights)", 2 * F32 * n, F32 * n),
+            Kernel("mask and division backward", F32 * n, F32 * n),
+        ) + backward
+        kept += F32 * n  # the softmax's output
+    return LayerCost(forward_kernels, backward, kept, incoming + handed_down)
 
 
 def fused_cost(layer: Layer, dropout: float = 0.0) -> LayerCost:

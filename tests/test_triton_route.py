@@ -164,14 +164,12 @@ def test_training_forward_and_gradients_equal_the_eager_route_on_all_three_chain
     assert_grads_equal(eager, routed)
     kernels = {name: m.last_kernel for name, m in triton_modules(routed).items()}
     assert len(kernels) == 9
-    # the alignment layer's cross-attention returns its probabilities: eager, by design
-    assert kernels.pop("decoder.layers.2.encoder_attn") == (
-        "eager, because the attention probabilities are asked for (need_weights)"
-    )
+    # the alignment layer's cross-attention returns its probabilities (compared above): from
+    # the kernel's stream, the kernel runs there too
     assert set(kernels.values()) == {FUSED}
-    if kernel.name == "torch":  # 8 kernel calls in the forward; the running mean's divisors
+    if kernel.name == "torch":  # 9 kernel calls in the forward; the running mean's divisors
         divisors = [c["divisor"] for c in kernel.calls]
-        want = [1.0, 2.0, 3.0, 1.0, 1.0, 2.0, 2.0, 3.0] if mode == "mean" else [1.0] * 8
+        want = [1.0, 2.0, 3.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0] if mode == "mean" else [1.0] * 9
         assert divisors == want
         assert {c["dropout_p"] for c in kernel.calls} == {0.0}
         assert {c["mask_value"] for c in kernel.calls} == {-1e30}
@@ -246,6 +244,49 @@ def test_module_chain_with_causal_mask_and_fully_padded_rows_equals_eager(kernel
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * scale)
 
 
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+def test_the_probabilities_asked_for_are_the_eager_routes_with_their_gradient(kernel, mode):
+    """``need_weights`` (fairseq's alignment layer) and ``need_head_weights`` on the kernel: the
+    probabilities are the eager route's masked softmax of the kernel's stream (causal mask,
+    left padding whose first rows see only padding, a fully padded sequence), and their
+    gradient reaches every parameter and the input through the stream, as on the eager route."""
+    from test_concat_route import masks
+
+    causal, pad = masks()
+    pad[0, :2] = True
+    results = []
+    for cls in (RealformerMultiheadAttention, TritonRealformerMultiheadAttention):
+        torch.manual_seed(0)
+        layers = [cls(16, 4, residual_attention_mode=mode, self_attention=True).double()
+                  for _ in range(3)]  # fmt: skip
+        x = torch.randn(6, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+        x.requires_grad_()
+        y, scores, weights = x, None, []
+        for idx, m in enumerate(layers):
+            y, w, scores, _, _ = m(y, y, y, key_padding_mask=pad, attn_mask=causal,
+                                   need_weights=idx > 0, need_head_weights=idx == 2,
+                                   prev_attn_scores=scores, layer_idx=idx)  # fmt: skip
+            weights.append(w)
+        assert weights[0] is None
+        assert weights[1].shape == (3, 6, 6) and weights[2].shape == (4, 3, 6, 6)  # fairseq's
+        g = torch.Generator().manual_seed(2)
+        loss = (y * torch.randn(y.shape, dtype=torch.float64, generator=g)).sum()
+        for w in weights[1:]:
+            loss = loss + (w * torch.randn(w.shape, dtype=torch.float64, generator=g)).sum()
+        loss.backward()
+        grads = [x.grad] + [p.grad for m in layers for p in m.parameters()]
+        results.append((y, weights[1:], grads, layers))
+    (want, want_weights, want_grads, _), (got, got_weights, got_grads, layers) = results
+    assert {m.last_kernel for m in layers} == {FUSED}
+    torch.testing.assert_close(got, want, **kernel.tolerance)
+    for a, b in zip(got_weights, want_weights):
+        assert torch.isfinite(a).all()
+        torch.testing.assert_close(a, b, **kernel.tolerance)
+    scale = max(g.abs().max().item() for g in want_grads)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * scale)
+
+
 def test_incremental_decoding_runs_the_eager_route_and_says_so_once(kernel, caplog):
     eager, routed, dictionary = triton_pair(
         residual_attention_mode="mean", encoder_layers=3, decoder_layers=3, **NO_DROPOUT
@@ -264,12 +305,12 @@ def test_incremental_decoding_runs_the_eager_route_and_says_so_once(kernel, capl
     layer = routed.decoder.layers[0]
     assert routed.encoder.layers[0].self_attn.last_kernel == FUSED
     assert layer.self_attn.last_kernel == FUSED  # the full forward at the end, no state
+    # the full forward's cross-attention (fairseq's need_attn in evaluation) asks for its
+    # probabilities: the kernel serves it
+    assert layer.encoder_attn.last_kernel == FUSED
     assert warnings_of(caplog) == [
         "--residual-attention-impl triton: runs the eager route where decoding incrementally "
         "(incremental_state) (said once per process)",
-        # the full forward's cross-attention (fairseq's need_attn in evaluation)
-        "--residual-attention-impl triton: runs the eager route where the attention "
-        "probabilities are asked for (need_weights) (said once per process)",
     ]
 
 
@@ -370,8 +411,8 @@ def test_the_decoder_chains_causal_mask_is_made_in_the_kernel(kernel):
     routed.train()(src, src_lengths, tgt)
     causal = [c.get("causal", False) for c in kernel.calls]
     # encoder layer, then per decoder layer: self-attention, cross-attention (the last one's
-    # cross-attention returns its probabilities: eager)
-    assert causal == [False, True, False, True]
+    # returns its probabilities, from the kernel's stream)
+    assert causal == [False, True, False, True, False]
 
 
 def test_causal_masks_are_recognised_once_per_mask():

@@ -389,8 +389,34 @@ class RealformerMultiheadAttention(MultiheadAttention):
         mean), attention dropout and the values, per head: ``(attn (bsz*heads, tgt_len,
         head_dim), the float probabilities (bsz*heads, tgt_len, src_len))``; the dropped
         probabilities are cast to ``raw_scores``' dtype before the values."""
-        tgt_len, src_len = attn_scores.size(1), attn_scores.size(2)
         shared_kv = self.encoder_decoder_attention and bsz != kv_bsz
+        attn_weights_float = self._probabilities(
+            attn_scores, key_padding_mask, attn_mask, kv_bsz, layer_idx
+        )
+        attn_probs = self.dropout_module(attn_weights_float.type_as(raw_scores))
+        if shared_kv:
+            attn = torch.einsum(
+                "bxhts,bhsd->bxhtd",
+                attn_probs.view((kv_bsz, -1, self.num_heads) + attn_probs.size()[1:]),
+                v.view((kv_bsz, self.num_heads) + v.size()[1:]),
+            )
+            attn = attn.reshape((-1,) + attn.size()[-2:])
+        else:
+            attn = torch.bmm(attn_probs, v)  # (bsz*heads, tgt_len, head_dim)
+        return attn, attn_weights_float
+
+    def _probabilities(
+        self,
+        attn_scores: Tensor,
+        key_padding_mask: Optional[Tensor],
+        attn_mask: Optional[Tensor],
+        kv_bsz: int,
+        layer_idx: int,
+    ) -> Tensor:
+        """The float probabilities ``(bsz*heads, tgt_len, src_len)``: softmax over the masked
+        stream (divided by ``layer_idx + 1`` for the running mean), the masks with the finite
+        fill on a copy, never on the stream itself."""
+        tgt_len, src_len = attn_scores.size(1), attn_scores.size(2)
         # the softmax input: a masked copy, never the stream itself
         logits = attn_scores
         own_copy = False
@@ -413,19 +439,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
                 per_head.masked_fill_(padding, self.mask_value)
             else:  # one new tensor, never the stream
                 logits = per_head.masked_fill(padding, self.mask_value).view_as(attn_scores)
-
-        attn_weights_float = torch.softmax(logits, dim=-1)
-        attn_probs = self.dropout_module(attn_weights_float.type_as(raw_scores))
-        if shared_kv:
-            attn = torch.einsum(
-                "bxhts,bhsd->bxhtd",
-                attn_probs.view((kv_bsz, -1, self.num_heads) + attn_probs.size()[1:]),
-                v.view((kv_bsz, self.num_heads) + v.size()[1:]),
-            )
-            attn = attn.reshape((-1,) + attn.size()[-2:])
-        else:
-            attn = torch.bmm(attn_probs, v)  # (bsz*heads, tgt_len, head_dim)
-        return attn, attn_weights_float
+        return torch.softmax(logits, dim=-1)
 
     def _merge_heads(self, attn: Tensor, tgt_len: int, bsz: int) -> Tensor:
         """``(bsz*heads, tgt_len, head_dim)`` -> output projection ``(tgt_len, bsz, embed_dim)``."""

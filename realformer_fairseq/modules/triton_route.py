@@ -24,13 +24,19 @@ before any build).
 The calls the kernel does not serve run the eager route, with the same weights and the same
 values in and out, each reason said once per process at WARNING (and every change of what a
 module runs at debug level, as the concat route does): incremental decoding (fairseq's
-``incremental_state``, beam search), the attention probabilities asked for (``need_weights``
-/ ``need_head_weights``: alignment, ``--print-alignment``), cross-attention keys shared by the
-beams (fairseq's ``set_beam_size``), an attention mask that needs a gradient, tensors off CUDA
-without Triton's interpreter (``TRITON_INTERPRET=1`` when triton is imported: CPU tensors then
-run in it), and a TorchScript model (said when it is scripted). The kernel draws its own attention dropout mask (the distribution of the eager
-route's, not the same draw); the dropout probability is the module's, applied where fairseq's
-``FairseqDropout`` applies it (training, or ``--retain-dropout`` at inference).
+``incremental_state``, beam search), cross-attention keys shared by the beams (fairseq's
+``set_beam_size``), an attention mask that needs a gradient, tensors off CUDA without Triton's
+interpreter (``TRITON_INTERPRET=1`` when triton is imported: CPU tensors then run in it), and a
+TorchScript model (said when it is scripted). The attention probabilities, where a call asks for
+them (``need_weights`` / ``need_head_weights``: fairseq's alignment layer, whose cross-attention
+the decoder asks for them in every forward, training included; every cross-attention in
+evaluation), are the eager route's masked softmax of the stream the kernel returns, before
+dropout, as fairseq returns them (:meth:`_probabilities`): the kernel still runs, and the
+probabilities carry their gradient into the stream's (autograd keeps them, one tensor of the
+stream's size, where a gradient is wanted). The kernel draws its own attention dropout mask (the
+distribution of the eager route's, not the same draw); the dropout probability is the module's,
+applied where fairseq's ``FairseqDropout`` applies it (training, or ``--retain-dropout`` at
+inference).
 """
 
 import logging
@@ -152,8 +158,8 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         prev_attn_keys: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
         """As :meth:`RealformerMultiheadAttention.forward`: ``(attn, attn_weights,
-        attn_scores, None, None)``; ``attn_weights`` is None on the kernel (it runs only where
-        no weights are asked for)."""
+        attn_scores, None, None)``; on the kernel, ``attn_weights`` (where asked for) are the
+        softmax of the masked stream it returns, as the eager route's."""
         if prev_attn_queries is not None or prev_attn_keys is not None:
             raise ValueError("the triton route carries no concatenated queries and keys")
         if before_softmax:
@@ -168,13 +174,21 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
             query, key, value, key_padding_mask, incremental_state, static_kv
         )
         if not torch.jit.is_scripting():
-            reason = self._why_eager(q, bsz, kv_bsz, incremental_state, need_weights, attn_mask)
+            reason = self._why_eager(q, bsz, kv_bsz, incremental_state, attn_mask)
             self._log_route(reason, layer_idx)
             if reason == "":
                 attn, attn_scores = self._fused(
                     q, k, v, prev_attn_scores, key_padding_mask, attn_mask, layer_idx
                 )
-                return self._merge_heads(attn, tgt_len, bsz), None, attn_scores, None, None
+                attn_weights: Optional[Tensor] = None
+                if need_weights:  # fairseq's alignment layer: from the kernel's stream
+                    probabilities = self._probabilities(
+                        attn_scores, key_padding_mask, attn_mask, kv_bsz, layer_idx
+                    )
+                    attn_weights = self._weights_as_fairseq(
+                        probabilities, bsz, tgt_len, attn_scores.size(2), need_head_weights
+                    )
+                return self._merge_heads(attn, tgt_len, bsz), attn_weights, attn_scores, None, None
         return self._eager_route(
             q, k, v, prev_attn_scores, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
             need_weights, need_head_weights,
@@ -187,14 +201,11 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         bsz: int,
         kv_bsz: int,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
-        need_weights: bool,
         attn_mask: Optional[Tensor],
     ) -> str:
         """Why this call runs the eager route ("" where the kernel runs)."""
         if incremental_state is not None:
             return "decoding incrementally (incremental_state)"
-        if need_weights:
-            return "the attention probabilities are asked for (need_weights)"
         if bsz != kv_bsz:
             return "the beams share the encoder's keys (set_beam_size)"
         if attn_mask is not None and attn_mask.requires_grad:
