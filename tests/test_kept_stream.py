@@ -135,19 +135,20 @@ def test_a_chain_keeps_one_stream_whatever_its_depth():
         assert plain["score_sized_tensors"] == [stream] * 3 * (layers + 6 + 6)
 
 
-def test_activation_checkpointing_keeps_per_layer_tensors_says_so_once_and_is_exact(caplog):
-    """fairseq's --checkpoint-activations re-runs each layer's forward in backward, with a
-    detached stream: those layers run the plain route."""
+def checkpointing_gradients(impl, caplog, kept_stream_on=False):
+    """The parameters' gradients of realformer_tiny (float64, route ``impl``, the same weights)
+    without and with fairseq's --checkpoint-activations (``kept_stream`` set on the second
+    where ``kept_stream_on``), and the kept streams' WARNING lines."""
     models = []
     for checkpoint in (False, True):
         torch.manual_seed(0)
         model, dictionary = build_translation_model(
             "realformer_tiny", init_type="default", checkpoint_activations=checkpoint,
-            residual_attention_impl="eager", **NO_DROPOUT,
+            residual_attention_impl=impl, **NO_DROPOUT,
         )  # fmt: skip
         models.append(model.double().train())
     for module in models[1].modules():
-        if hasattr(module, "kept_stream"):
+        if kept_stream_on and hasattr(module, "kept_stream"):
             module.kept_stream = True
     models[1].load_state_dict(models[0].state_dict())
     src, src_lengths, tgt = random_batch(dictionary)
@@ -156,8 +157,14 @@ def test_activation_checkpointing_keeps_per_layer_tensors_says_so_once_and_is_ex
         with caplog.at_level(logging.WARNING, logger=LOGGER):
             model(src, src_lengths, tgt)[0].square().mean().backward()
         grads.append([p.grad for p in model.parameters()])
+    return grads, [r.getMessage() for r in caplog.records if r.name == LOGGER]
+
+
+def test_activation_checkpointing_keeps_per_layer_tensors_says_so_once_and_is_exact(caplog):
+    """fairseq's --checkpoint-activations re-runs each layer's forward in backward, with a
+    detached stream: those layers run the plain route."""
+    grads, said = checkpointing_gradients("eager", caplog, kept_stream_on=True)
     assert_gradients_equal(grads[0], grads[1], tolerance=1e-12)
-    said = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(said) == 1 and "--checkpoint-activations" in said[0], said
 
 

@@ -30,7 +30,7 @@ pytest.importorskip(
     "triton", reason="triton is not installed (the triton extra: pip install -e '.[triton]')"
 )
 
-from harness import NO_DROPOUT, build_translation_model, random_batch  # noqa: E402
+from test_kept_stream import checkpointing_gradients  # noqa: E402
 
 from realformer_fairseq.modules import kept_stream, route_warnings  # noqa: E402
 from realformer_fairseq.modules import triton_attention as ta  # noqa: E402
@@ -161,23 +161,8 @@ def test_a_chain_keeps_one_stream_whatever_its_depth():
 def test_activation_checkpointing_keeps_per_layer_streams_says_so_once_and_is_exact(caplog):
     """fairseq's --checkpoint-activations re-runs each layer's forward in backward, with a
     detached stream: each layer keeps its own stream then, said once."""
-    models = []
-    for checkpoint in (False, True):
-        torch.manual_seed(0)
-        model, dictionary = build_translation_model(
-            "realformer_tiny", init_type="default", checkpoint_activations=checkpoint,
-            residual_attention_impl="triton", **NO_DROPOUT,
-        )  # fmt: skip
-        models.append(model.double().train())
-    models[1].load_state_dict(models[0].state_dict())
-    src, src_lengths, tgt = random_batch(dictionary)
-    grads = []
-    for model in models:
-        with caplog.at_level(logging.WARNING, logger=LOGGER):
-            model(src, src_lengths, tgt)[0].square().mean().backward()
-        grads.append([p.grad for p in model.parameters()])
+    grads, said = checkpointing_gradients("triton", caplog)
     assert_gradients_equal(grads[0], grads[1], tolerance=1e-12)
-    said = [r.getMessage() for r in caplog.records if r.name == LOGGER]
     assert len(said) == 1 and "--checkpoint-activations" in said[0], said
     assert said[0].startswith("residual attention, triton route: ")
 

@@ -203,6 +203,38 @@ def test_encoder_only_model_equals_the_eager_route(kernel):
     assert {m.last_kernel for m in triton_modules(routed).values()} == {FUSED}
 
 
+def causal_chain(cls, mode, loss_of, weights_of=lambda idx: {"need_weights": False}):
+    """Three self-attention layers of ``cls`` (seeded), the causal mask, right padding, a fully
+    padded sequence and left padding whose first rows see only padding; backward of
+    ``loss_of(output, streams, weights)``. Returns the output, the streams, the weights (each
+    layer's call asks for them as ``weights_of(layer index)`` says), the gradients of the input
+    and of every parameter, and the layers."""
+    from test_concat_route import masks
+
+    causal, pad = masks()
+    pad[0, :2] = True
+    torch.manual_seed(0)
+    layers = [cls(16, 4, residual_attention_mode=mode, self_attention=True).double()
+              for _ in range(3)]  # fmt: skip
+    x = torch.randn(6, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    x.requires_grad_()
+    y, scores, streams, weights = x, None, [], []
+    for idx, m in enumerate(layers):
+        y, w, scores, _, _ = m(y, y, y, key_padding_mask=pad, attn_mask=causal,
+                               prev_attn_scores=scores, layer_idx=idx, **weights_of(idx))  # fmt: skip
+        streams.append(scores)
+        weights.append(w)
+    loss_of(y, streams, weights).backward()
+    grads = [x.grad] + [p.grad for m in layers for p in m.parameters()]
+    return y, streams, weights, grads, layers
+
+
+def assert_chain_gradients_equal(got_grads, want_grads):
+    scale = max(g.abs().max().item() for g in want_grads)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * scale)
+
+
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_module_chain_with_causal_mask_and_fully_padded_rows_equals_eager(kernel, mode):
     """Three layers, right padding and a fully padded sequence (under the causal mask, the
@@ -210,38 +242,24 @@ def test_module_chain_with_causal_mask_and_fully_padded_rows_equals_eager(kernel
     parameters' and the input's, through the kernel's backward and the stream's). The causal
     mask is made in the kernel: the stream is the eager route's on and before the diagonal and
     0 after it (the loss reads the last stream on and before it)."""
-    from test_concat_route import masks
 
-    causal, pad = masks()
-    pad[0, :2] = True  # left padding: with the causal mask its first rows see only padding
-    results = []
-    for cls in (RealformerMultiheadAttention, TritonRealformerMultiheadAttention):
-        torch.manual_seed(0)
-        layers = [cls(16, 4, residual_attention_mode=mode, self_attention=True).double()
-                  for _ in range(3)]  # fmt: skip
-        x = torch.randn(6, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-        x.requires_grad_()
-        y, scores, streams = x, None, []
-        for idx, m in enumerate(layers):
-            y, _, scores, _, _ = m(y, y, y, key_padding_mask=pad, attn_mask=causal,
-                                   need_weights=False, prev_attn_scores=scores, layer_idx=idx)  # fmt: skip
-            streams.append(scores)
+    def loss_of(y, streams, _):
         weight = torch.randn(
             y.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(2)
         )
-        ((y * weight).sum() + streams[-1].tril().sin().sum()).backward()
-        grads = [x.grad] + [p.grad for m in layers for p in m.parameters()]
-        results.append((y, streams, grads, layers))
-    (want, want_streams, want_grads, _), (got, got_streams, got_grads, layers) = results
+        return (y * weight).sum() + streams[-1].tril().sin().sum()
+
+    want, want_streams, _, want_grads, _ = causal_chain(RealformerMultiheadAttention, mode, loss_of)
+    got, got_streams, _, got_grads, layers = causal_chain(
+        TritonRealformerMultiheadAttention, mode, loss_of
+    )
     assert {m.last_kernel for m in layers} == {FUSED}
     torch.testing.assert_close(got, want, **kernel.tolerance)
     future = torch.ones(6, 6, dtype=torch.bool).triu(1)
     for a, b in zip(got_streams, want_streams):
         assert (a[:, future] == 0).all()
         torch.testing.assert_close(a, b.masked_fill(future, 0), **kernel.tolerance)
-    scale = max(g.abs().max().item() for g in want_grads)
-    for a, b in zip(got_grads, want_grads):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * scale)
+    assert_chain_gradients_equal(got_grads, want_grads)
 
 
 @pytest.mark.parametrize("mode", ["sum", "mean"])
@@ -250,41 +268,31 @@ def test_the_probabilities_asked_for_are_the_eager_routes_with_their_gradient(ke
     probabilities are the eager route's masked softmax of the kernel's stream (causal mask,
     left padding whose first rows see only padding, a fully padded sequence), and their
     gradient reaches every parameter and the input through the stream, as on the eager route."""
-    from test_concat_route import masks
 
-    causal, pad = masks()
-    pad[0, :2] = True
-    results = []
-    for cls in (RealformerMultiheadAttention, TritonRealformerMultiheadAttention):
-        torch.manual_seed(0)
-        layers = [cls(16, 4, residual_attention_mode=mode, self_attention=True).double()
-                  for _ in range(3)]  # fmt: skip
-        x = torch.randn(6, 3, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
-        x.requires_grad_()
-        y, scores, weights = x, None, []
-        for idx, m in enumerate(layers):
-            y, w, scores, _, _ = m(y, y, y, key_padding_mask=pad, attn_mask=causal,
-                                   need_weights=idx > 0, need_head_weights=idx == 2,
-                                   prev_attn_scores=scores, layer_idx=idx)  # fmt: skip
-            weights.append(w)
+    def weights_of(idx):
+        return {"need_weights": idx > 0, "need_head_weights": idx == 2}
+
+    def loss_of(y, _, weights):
         assert weights[0] is None
         assert weights[1].shape == (3, 6, 6) and weights[2].shape == (4, 3, 6, 6)  # fairseq's
         g = torch.Generator().manual_seed(2)
         loss = (y * torch.randn(y.shape, dtype=torch.float64, generator=g)).sum()
         for w in weights[1:]:
             loss = loss + (w * torch.randn(w.shape, dtype=torch.float64, generator=g)).sum()
-        loss.backward()
-        grads = [x.grad] + [p.grad for m in layers for p in m.parameters()]
-        results.append((y, weights[1:], grads, layers))
-    (want, want_weights, want_grads, _), (got, got_weights, got_grads, layers) = results
+        return loss
+
+    want, _, want_weights, want_grads, _ = causal_chain(
+        RealformerMultiheadAttention, mode, loss_of, weights_of
+    )
+    got, _, got_weights, got_grads, layers = causal_chain(
+        TritonRealformerMultiheadAttention, mode, loss_of, weights_of
+    )
     assert {m.last_kernel for m in layers} == {FUSED}
     torch.testing.assert_close(got, want, **kernel.tolerance)
-    for a, b in zip(got_weights, want_weights):
+    for a, b in zip(got_weights[1:], want_weights[1:]):
         assert torch.isfinite(a).all()
         torch.testing.assert_close(a, b, **kernel.tolerance)
-    scale = max(g.abs().max().item() for g in want_grads)
-    for a, b in zip(got_grads, want_grads):
-        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11 * scale)
+    assert_chain_gradients_equal(got_grads, want_grads)
 
 
 def test_incremental_decoding_runs_the_eager_route_and_says_so_once(kernel, caplog):
