@@ -15,7 +15,7 @@ import harness
 import pytest
 import sacrebleu
 import torch
-from harness import REPO_ROOT, SHARED_DATA, pipeline_module, shared_data
+from harness import REPO_ROOT, SHARED_DATA, ok, pipeline_module, run_main, shared_data
 
 EXAMPLE = REPO_ROOT / "examples" / "wmt14_en_fr"
 STAGES = ["check_local", "raw", "tokenize", "learn_bpe", "apply_bpe", "clean", "binarize"]
@@ -53,6 +53,27 @@ def prepare(work, corpus, *extra):
     )  # fmt: skip
 
 
+def tools(*argv):
+    """``python -m realformer_pipelines.tools ARGV`` (stages.sh's ``tools``) in this process, its
+    log and error lines named as prepare.sh names them: for the tests whose subject is the step,
+    not the command line (prepare.sh runs it as a process in the tests of the script)."""
+    from realformer_pipelines import tools as shared_tools
+
+    return run_main(shared_tools.main, *argv)
+
+
+def text_tools(*argv):
+    """``text_tools.py ARGV`` (stages.sh's ``wmt_tools``) in this process (its ``main``)."""
+    return run_main(pipeline_module("wmt14_en_fr", "text_tools").main, *argv)
+
+
+@pytest.fixture
+def pipeline_name(monkeypatch):
+    """$REALFORMER_PIPELINE_NAME as examples/common/pipeline.sh exports it, for the shared tools
+    run in this process."""
+    monkeypatch.setenv("REALFORMER_PIPELINE_NAME", "wmt14_en_fr")
+
+
 def assert_fails_naming(proc, path, problem):
     harness.one_error_line(proc, path, problem, prog="wmt14_en_fr")
 
@@ -85,12 +106,15 @@ def test_empty_file(tmp_path, corpus):
     assert_fails_naming(proc, en, "empty file")
 
 
-def test_non_utf8_bytes(tmp_path, corpus):
+def test_non_utf8_bytes(corpus, pipeline_name):
+    """The check of the test pair (stage check_local's ``tools check test.en test.fr``) in this
+    process; prepare.sh runs it in the tests around this one (train, valid and the test split's
+    missing file)."""
     fr = corpus["test"].with_name("test.fr")
     lines = fr.read_bytes().splitlines(True)
     lines[6] = "Un caf\xe9 fran\xe7ais\n".encode("latin-1")  # line 7
     fr.write_bytes(b"".join(lines))
-    proc = prepare(tmp_path / "work", corpus)
+    proc = tools("check", corpus["test"].with_name("test.en"), fr)
     assert_fails_naming(proc, fr, "not valid UTF-8 at line 7")
 
 
@@ -227,16 +251,14 @@ def test_data_bin_files_get_the_modes_of_the_umask(tiny_run):
 
 def test_clean_leaves_no_partial_output(tmp_path):
     """A stage that fails after writing part of its output leaves nothing under the final
-    names (here: every pair fails the length ratio)."""
+    names (here: every pair fails the length ratio). The clean step (``text_tools.py clean``) in
+    this process."""
     src, tgt = tmp_path / "a.en", tmp_path / "a.fr"
     src.write_text("one two three four\nfive six seven eight\n")
     tgt.write_text("un\ndeux\n")
     out_src, out_tgt = tmp_path / "out.en", tmp_path / "out.fr"
-    proc = subprocess.run(
-        [sys.executable, EXAMPLE / "text_tools.py", "clean", "--src-in", src, "--tgt-in", tgt,
-         "--src-out", out_src, "--tgt-out", out_tgt, "--ratio", "1.5"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc = text_tools("clean", "--src-in", src, "--tgt-in", tgt, "--src-out", out_src,
+                      "--tgt-out", out_tgt, "--ratio", "1.5")  # fmt: skip
     assert proc.returncode == 1 and "no sentence pair survived cleaning" in proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.en", "a.fr"]
 
@@ -357,35 +379,34 @@ def test_tokenize_keeps_cjk_runs_whole_as_moses_perl(lang, chain):
     assert [tt.tokenize_line(line) for line in CJK_LINES] == expected
 
 
-def test_long_cpu_stages_log_progress_and_bpe_equals_subword_nmt(tmp_path):
+def test_long_cpu_stages_log_progress_and_bpe_equals_subword_nmt(tmp_path, monkeypatch,
+                                                                 pipeline_name):  # fmt: skip
     """tokenize, learn-bpe and apply-bpe print fairseq-style progress lines (count and rate);
     learn-bpe / apply-bpe give exactly what subword-nmt's command line gives (reference
-    order: train.en then train.fr)."""
+    order: train.en then train.fr). The steps in this process (prepare.sh runs them as processes
+    in the tests of the script), subword-nmt's command line as one."""
     pair = write_pair(tmp_path / "train", 400)
-    env = dict(os.environ, REALFORMER_PROGRESS_SECONDS="0", REALFORMER_PIPELINE_NAME="wmt14_en_fr")
+    monkeypatch.setenv("REALFORMER_PROGRESS_SECONDS", "0")
 
-    def tools(*args):  # the shared tools, as examples/common/pipeline.sh's `tools` runs them
-        proc = subprocess.run(
-            [sys.executable, "-m", "realformer_pipelines.tools", *map(str, args)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
-        assert proc.returncode == 0, proc.stderr
-        return proc.stderr
+    def step(*args):  # the step's log (stderr)
+        return ok(tools(*args)).stderr
 
     rate = r"\d+ lines/s"
-    err = tools("tokenize", "--lang", "en", "--input", f"{pair}.en", "--output", tmp_path / "t.en")
+    err = step("tokenize", "--lang", "en", "--input", f"{pair}.en", "--output", tmp_path / "t.en")
     assert re.search(rf"\| INFO \| wmt14_en_fr \| tokenize train.en: 1 lines, {rate}\n", err)
     assert re.search(rf"\| tokenize train.en: 400 lines, {rate} \(done\)", err)
-    tools("tokenize", "--lang", "fr", "--input", f"{pair}.fr", "--output", tmp_path / "t.fr")
+    step("tokenize", "--lang", "fr", "--input", f"{pair}.fr", "--output", tmp_path / "t.fr")
     codes = tmp_path / "codes"
-    err = tools("learn-bpe", "--symbols", "100", "--output", codes, tmp_path / "t.en",
-                tmp_path / "t.fr")  # fmt: skip
+    err = step("learn-bpe", "--symbols", "100", "--output", codes, tmp_path / "t.en",
+               tmp_path / "t.fr")  # fmt: skip
     assert re.search(rf"\| learn-bpe read t.en\+t.fr: 800 lines, {rate} \(done\)", err)
     assert re.search(r"\| learn-bpe: 100 merges, \d+ merges/s \(done\)", err)
-    err = tools("apply-bpe", "--codes", codes, "--input", tmp_path / "t.fr", "--output",
-                tmp_path / "b.fr", "--workers", "2")  # fmt: skip
+    err = step("apply-bpe", "--codes", codes, "--input", tmp_path / "t.fr", "--output",
+               tmp_path / "b.fr", "--workers", "2")  # fmt: skip
     assert re.search(rf"\| apply-bpe t.fr: 400 lines, {rate} \(done\)", err)
 
+    # subword-nmt's command line, the reference, as a process: importing its subword_nmt module
+    # rewraps the process's sys.stdin, sys.stdout and sys.stderr
     def subword_nmt(*args, stdin: bytes):
         return subprocess.run(
             [sys.executable, "-c", "import sys; from subword_nmt.subword_nmt import main; main()",
@@ -784,11 +805,9 @@ def test_mismatched_batch_warns_and_bad_variant_fails():
 
 
 def test_readme_recipe_table_is_the_recipe_module():
-    """examples/wmt14_en_fr/README.md holds exactly the table that recipes.py prints."""
-    table = subprocess.run(
-        [sys.executable, EXAMPLE / "recipes.py", "table"], stdout=subprocess.PIPE, text=True,
-        check=True,
-    ).stdout.strip()  # fmt: skip
+    """examples/wmt14_en_fr/README.md holds exactly the table that recipes.py prints
+    (``recipes.py table``, in this process)."""
+    table = ok(run_main(pipeline_module("wmt14_en_fr", "recipes").main, "table")).stdout.strip()
     assert "| `--attention-dropout` | `0.1` | `0.1` |" in table
     readme = (EXAMPLE / "README.md").read_text(encoding="utf-8").splitlines()
     assert table in "\n".join(line.strip() for line in readme)  # the table is indented there
