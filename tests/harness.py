@@ -61,12 +61,13 @@ def import_realformer_tf_fixture(out: Path, vocab: Optional[Path] = None) -> Pat
     return out
 
 
-def pipeline_module(pipeline: str, name: str):
-    """``examples/<pipeline>/<name>.py`` imported as that pipeline's scripts import it: with its
-    folder first on ``sys.path`` for the import (its modules import their siblings by name), which
-    is then taken off again. A module of the same name from another pipeline folder (every
-    pipeline has a ``recipes.py``) is replaced in ``sys.modules``. The pipelines' shared Python is
-    the installed ``realformer_pipelines`` package, imported as usual."""
+@contextlib.contextmanager
+def pipeline_imports(pipeline: str):
+    """Within it, a module imported by a sibling's name is ``examples/<pipeline>/``'s, as when
+    that pipeline's script runs: its folder first on ``sys.path`` (taken off again after), and a
+    module of the same name from another pipeline folder (every pipeline has a ``recipes.py``)
+    replaced in ``sys.modules``. For the import of a pipeline module and for the calls of its
+    functions that import siblings when they run."""
     folder = (REPO_ROOT / "examples" / pipeline).resolve()
     for sibling in folder.glob("*.py"):
         cached = sys.modules.get(sibling.stem)
@@ -74,9 +75,17 @@ def pipeline_module(pipeline: str, name: str):
             del sys.modules[sibling.stem]
     sys.path.insert(0, str(folder))
     try:
-        return importlib.import_module(name)
+        yield
     finally:
         sys.path.remove(str(folder))
+
+
+def pipeline_module(pipeline: str, name: str):
+    """``examples/<pipeline>/<name>.py`` imported as that pipeline's scripts import it
+    (:func:`pipeline_imports`). The pipelines' shared Python is the installed
+    ``realformer_pipelines`` package, imported as usual."""
+    with pipeline_imports(pipeline):
+        return importlib.import_module(name)
 
 
 # ---------------------------------------------------------------- parallel workers

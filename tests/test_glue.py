@@ -25,6 +25,7 @@ from harness import (
     USER_DIR,
     import_realformer_tf_fixture,
     ok,
+    pipeline_imports,
     pipeline_module,
     realformer_tf_fixture,
     run_main,
@@ -56,8 +57,10 @@ def split_only(glue_dir, task, work, tokenizer, *extra):
 def glue_tools(*argv):
     """``glue_tools.py ARGV`` in this process (its ``main``, as the script's entry calls it):
     for the tests whose subject is the step, not the command line; prepare.sh, finetune.sh and
-    evaluate.sh still run it as a process in the tests of the scripts."""
-    return run_main(pipeline_module("glue", "glue_tools").main, *argv)
+    evaluate.sh still run it as a process in the tests of the scripts. Its commands import
+    ``recipes`` when they run: glue's, not the one another pipeline's test imported last."""
+    with pipeline_imports("glue"):
+        return run_main(pipeline_module("glue", "glue_tools").main, *argv)
 
 
 def split_in_process(glue_dir, task, work):
