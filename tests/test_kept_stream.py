@@ -232,6 +232,22 @@ def test_a_second_backward_or_a_changed_stream_raises():
         (x.sum() + stream.sum()).backward()
 
 
+def test_a_stream_the_caller_holds_keeps_its_values():
+    """The chain's last stream, held by the caller through backward (a model that returns it),
+    is copied before the rebuild writes the streams below over it: it keeps its values."""
+    _, kept = chain_pair(CASES[1], "sum", depth=3)
+    query, _, _, padding = inputs(CASES[1], 6)
+    x, stream, streams = query.requires_grad_(), None, []
+    for idx, module in enumerate(kept):
+        x, _, stream, _, _ = module(x, x, x, key_padding_mask=padding, prev_attn_scores=stream,
+                                    layer_idx=idx)  # fmt: skip
+        streams.append(stream)
+    before = [s.detach().clone() for s in streams]
+    (x.sum() + stream.square().sum()).backward()
+    for held, value in zip(streams, before):
+        assert torch.equal(held.detach(), value)
+
+
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_layers_above_without_gradient_leave_the_stream_rebuilt_from_the_top(mode, hand_overs):
     """Layers 2 and 3 take the streams of 1 and 2, but only layer 1's output reaches the loss
