@@ -93,6 +93,13 @@ def stream_link_of(prev: Tensor, function) -> Optional["StreamLink"]:
     return None
 
 
+# the reason every route's layer keeps its own tensors where activation checkpointing re-runs it
+FORWARD_IN_BACKWARD = (
+    "a layer's forward runs during backward (activation checkpointing: fairseq's "
+    "--checkpoint-activations / --offload-activations)"
+)
+
+
 def forward_runs_in_backward() -> bool:
     """Whether this forward runs during a backward pass: fairseq's activation checkpointing
     (--checkpoint-activations / --offload-activations) re-running a layer."""
@@ -305,10 +312,7 @@ def why_plain_route(
     if not torch.is_grad_enabled() or not any(t is not None and t.requires_grad for t in tensors):
         return ""
     if forward_runs_in_backward():
-        return (
-            "a layer's forward runs during backward (activation checkpointing: fairseq's "
-            "--checkpoint-activations / --offload-activations)"
-        )
+        return FORWARD_IN_BACKWARD
     if attn_mask is not None and attn_mask.requires_grad:
         return "the attention mask needs a gradient"
     if bsz != kv_bsz:

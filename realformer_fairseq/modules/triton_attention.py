@@ -40,6 +40,7 @@ from torch import Tensor
 from triton.runtime.interpreter import InterpretedFunction
 
 from .kept_stream import (
+    FORWARD_IN_BACKWARD,
     StreamLink,
     forward_runs_in_backward,
     storage_unshared,
@@ -923,8 +924,7 @@ def _link_in(prev: Optional[Tensor], inputs, one_stream_per_chain: bool) -> Opti
     if not (one_stream_per_chain and grads and prev is not None and prev.requires_grad):
         return None
     if forward_runs_in_backward():
-        reason = ("a layer's forward runs during backward (activation checkpointing: fairseq's "
-                  "--checkpoint-activations / --offload-activations)")  # fmt: skip
+        reason = FORWARD_IN_BACKWARD
     else:
         link = stream_link_of(prev, _ResidualAttention)
         if link is not None:
