@@ -30,12 +30,10 @@ from .errors import RealformerConfigError
 
 RESIDUAL_CHAINS = ("encoder", "decoder", "cross")
 RESIDUAL_ATTENTION_MODES = ("sum", "mean")
-# eager: the float32 score stream, layer by layer; concat: one fused attention over the
-# concatenated queries and keys of the chain so far (no stream); triton: the stream in and out
-# of one fused Triton kernel per layer (the optional extra ``triton``); auto: concat where a
-# measured rule of modules/route_rules.py matches this machine's GPU, eager elsewhere
-# (docs/benchmarks.md)
-RESIDUAL_ATTENTION_IMPLS = ("eager", "concat", "triton", "auto")
+# The routes of --residual-attention-impl, name -> route class: the one list of them. It is
+# realformer_fairseq.modules.routes.ROUTES, which names the classes (this module imports nothing
+# from modules/); the flag's choices and help and the check of a config read it when they run.
+ROUTES: Dict[str, type] = {}
 # what --residual-attention-impl triton needs and how to get it (one line)
 TRITON_INSTALL = "pip install -e '.[triton]' in the clone (CUDA builds of torch ship triton)"
 TRITON_MISSING = (
@@ -83,20 +81,8 @@ FLAGS = (
     ),
     Flag(
         "residual_attention_impl",
-        dict(
-            choices=RESIDUAL_ATTENTION_IMPLS,
-            help="how the residual score chains are computed (the same values): eager "
-            "materialises the float32 running sum of scores; concat runs one fused attention "
-            "over the concatenated queries and keys of this and all earlier layers of the chain "
-            "(no T x T tensor, falls back to eager where no fused kernel serves the call, with "
-            "one warning); triton runs one fused Triton kernel per layer that reads the previous "
-            "stream and writes the new one (needs the extra: pip install -e '.[triton]'; "
-            "incremental decoding, need_weights, TorchScript and keys shared by the beams run "
-            "eager, with one warning); auto (the default) runs concat only where a measured rule "
-            "for this machine's GPU says it wins (today: the first 4 layers of self-attention chains on "
-            "keys of 2048+ tokens, fp16/bf16, NVIDIA H200 with torch 2.11) and builds the eager "
-            "route everywhere else",
-        ),
+        # choices and help: read from ROUTES when a parser is built (add_realformer_args)
+        dict(metavar="ROUTE"),
     ),
     Flag(
         "init_type",
@@ -160,7 +146,16 @@ FLAG_KEYS = tuple(flag.key for flag in FLAGS)
 def add_realformer_args(parser):
     """Declare :data:`FLAGS` on a model's argparse parser (every family's ``add_args``)."""
     for flag in FLAGS:
-        parser.add_argument(flag.option, **flag.argparse)
+        declared = dict(flag.argparse)
+        if flag.key == "residual_attention_impl":
+            declared.update(choices=tuple(ROUTES), help=routes_help())
+        parser.add_argument(flag.option, **declared)
+
+
+def routes_help() -> str:
+    """``--residual-attention-impl``'s help: one clause per route of :data:`ROUTES`."""
+    clauses = "; ".join(f"{name}: {route.route_help(name)}" for name, route in ROUTES.items())
+    return f"how the residual score chains are computed (the same values): {clauses}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,7 +173,7 @@ class RealformerSettings:
     bert_pooler: bool = False
     # where the model is built, not what it computes (so not compared): fairseq's --cpu where
     # the config carries it (fairseq-train's Namespace; not a hydra model config). A CPU build
-    # reads no GPU's rule for ``auto`` and never touches CUDA (modules/route_rules.py)
+    # reads no GPU's rule for ``auto`` and never touches CUDA (modules/routes/rules.py)
     cpu: bool = dataclasses.field(default=False, compare=False)
 
     @property
@@ -290,9 +285,9 @@ def read_realformer_settings(
         )
 
     impl = values["residual_attention_impl"]
-    if impl is not None and impl not in RESIDUAL_ATTENTION_IMPLS:
+    if impl is not None and impl not in ROUTES:
         raise RealformerConfigError(
-            f"--residual-attention-impl {impl}: use one of {', '.join(RESIDUAL_ATTENTION_IMPLS)}"
+            f"--residual-attention-impl {impl}: use one of {', '.join(ROUTES)}"
         )
     if chains and impl is None:
         # the one flag read with a default: every value computes the same model (configs

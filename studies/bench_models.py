@@ -52,7 +52,7 @@ def quiet_route_logs():
     fairseq's ``wav2vec2_classification`` sets the root logger to DEBUG on import."""
     import logging
 
-    for route in ("residual_attention", "triton_route"):
+    for route in ("routes.concat", "routes.triton_route"):
         logging.getLogger(f"realformer_fairseq.modules.{route}").setLevel(logging.INFO)
 
 

@@ -27,8 +27,8 @@ from typing import Dict, List
 
 import torch
 
-from realformer_fairseq.modules.residual_attention import ConcatRealformerMultiheadAttention
-from realformer_fairseq.modules.route_rules import ConcatRule
+from realformer_fairseq.modules.routes import ConcatRealformerMultiheadAttention
+from realformer_fairseq.modules.routes.rules import ConcatRule
 
 from .bench_measure import interleaved_rates, machine_info
 from .runs import config, write_json
@@ -51,7 +51,7 @@ def switch_depth_rule(depth: int) -> ConcatRule:
 
 def chain(layers: int, heads: int, head_dim: int, switch_depth: int, mode: str, device, dtype):
     """``layers`` modules of the auto route with the rule ``layer < switch_depth`` (on any
-    device: the measured rules of route_rules.py apply to CUDA devices only)."""
+    device: the measured rules of routes/rules.py apply to CUDA devices only)."""
     torch.manual_seed(0)
     modules = []
     for _ in range(layers):
@@ -126,7 +126,7 @@ def main(argv=None) -> Dict:
     torch.set_num_threads(args.threads)
     # fairseq's wav2vec2_classification sets the root logger to DEBUG on import: keep the
     # route's kernel lines out of the output
-    logging.getLogger("realformer_fairseq.modules.residual_attention").setLevel(logging.INFO)
+    logging.getLogger("realformer_fairseq.modules.routes.concat").setLevel(logging.INFO)
     t0 = time.time()
     rows: List[Dict] = []
     for head_dim in args.head_dims:

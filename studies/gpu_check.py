@@ -21,7 +21,7 @@ Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.
 3. beam-5 generation sentences/s of the same pairs.
 4. The routes of the residual score chains (``--residual-attention-impl``): training words/s
    and peak memory of ``realformer_eager``, ``realformer_concat`` and ``realformer`` (auto,
-   which runs the measured rule of ``realformer_fairseq/modules/route_rules.py`` where it
+   which runs the measured rule of ``realformer_fairseq/modules/routes/rules.py`` where it
    matches this GPU and torch, eager elsewhere) against ``vanilla`` at 6L-6L d512 (head size
    64), fp16 and bf16, lengths 128, 512 and 2048; and the switch depth of
    ``studies.concat_rule`` (chains of 6 and 12 layers: time of the first D layers fused, the

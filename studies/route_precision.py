@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from realformer_fairseq.modules.residual_attention import (
+from realformer_fairseq.modules.routes import (
     ConcatRealformerMultiheadAttention,
     RealformerMultiheadAttention,
 )
@@ -77,7 +77,9 @@ def layer_of(
     if route == "eager":
         return RealformerMultiheadAttention(embed, HEADS, **kwargs)
     if route == "triton":  # imported here: the module's kernels need the optional triton
-        from realformer_fairseq.modules.triton_route import TritonRealformerMultiheadAttention
+        from realformer_fairseq.modules.routes.triton_route import (
+            TritonRealformerMultiheadAttention,
+        )
 
         return TritonRealformerMultiheadAttention(embed, HEADS, **kwargs)
     return ConcatRealformerMultiheadAttention(
@@ -279,7 +281,7 @@ def triton_training_check(
     generator) and draws its mask from it; ``dropout_keep_mask(seed, ...)`` is that mask. The
     seeds are replayed from ``TRAINING_SEED`` in the order the chain's layers call the kernel.
     Needs triton; on CPU tensors, Triton's interpreter (``TRITON_INTERPRET=1``)."""
-    from realformer_fairseq.modules.triton_route import kernel_module
+    from realformer_fairseq.modules.routes.triton_route import kernel_module
 
     kernels = kernel_module()
     report: Dict = {"device": device, "lengths": list(lengths), "dropout": dropout,

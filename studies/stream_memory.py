@@ -18,8 +18,8 @@ streams, the causal mask).
 
 Routes: ``eager`` (``--residual-attention-impl eager``: plain autograd, each layer's
 probabilities, dropout mask and dropped probabilities kept), ``eager_kept_stream`` (the same
-modules with ``kept_stream = True``, off by default: one kept stream per chain, the earlier ones
-rebuilt in backward, modules/kept_stream.py), and ``triton`` (``--residual-attention-impl
+modules with ``one_stream_per_chain = True``, off by default: one kept stream per chain, the earlier ones
+rebuilt in backward, modules/routes/kept_stream.py), and ``triton`` (``--residual-attention-impl
 triton``, only where triton is installed and ``TRITON_INTERPRET=1`` runs its kernels on CPU).
 Rows are merged into
 the JSON by (route, encoder layers, tokens), so a run of one route updates its rows only.
@@ -112,8 +112,8 @@ def measure(route: str, encoder_layers: int, tokens: int, dictionary) -> Dict:
     model, criterion = build("realformer_transformer", sizes, dictionary, flags=(*impl, *FLAGS))
     if route == "eager_kept_stream":
         for module in model.modules():
-            if hasattr(module, "kept_stream"):
-                module.kept_stream = True
+            if hasattr(module, "one_stream_per_chain"):
+                module.one_stream_per_chain = True
     sample = make_batch(dictionary, BATCH, tokens, tokens, seed=tokens)
     model.train()
     layers = [*model.encoder.layers, *model.decoder.layers]
@@ -158,8 +158,8 @@ def time_eager_routes(
     for route in ("eager", "eager_kept_stream"):
         model, criterion = build("realformer_transformer", sizes, dictionary, flags=flags)
         for module in model.modules():
-            if hasattr(module, "kept_stream"):
-                module.kept_stream = route == "eager_kept_stream"
+            if hasattr(module, "one_stream_per_chain"):
+                module.one_stream_per_chain = route == "eager_kept_stream"
         models[route] = (model.train(), criterion)
     models["eager_kept_stream"][0].load_state_dict(models["eager"][0].state_dict())
     sample = make_batch(dictionary, BATCH, tokens, tokens, seed=tokens)
@@ -229,7 +229,7 @@ def main(argv=None) -> Dict:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     quiet_route_logs()
-    logging.getLogger("realformer_fairseq.modules.triton_route").setLevel(logging.INFO)
+    logging.getLogger("realformer_fairseq.modules.routes.triton_route").setLevel(logging.INFO)
     routes = args.routes or [r for r in ROUTES if r != "triton" or triton_runs_here()]
     if "triton" in routes and not triton_runs_here():
         raise SystemExit("the triton route needs triton installed and TRITON_INTERPRET=1 here")

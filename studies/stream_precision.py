@@ -4,7 +4,7 @@ them, are from float64, over the paper's 60 layers.
 He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747): the WMT'14
 recipe's encoder has 60 layers. The eager route keeps one stream per chain for backward and
 rebuilds the earlier ones, ``S_{l-1} = S_l - Q_l K_l^T / sqrt(d)``, in place
-(modules/kept_stream.py, issue 51); in float32 ``fl(fl(S_{l-1} + X) - X)`` is not ``S_{l-1}``,
+(modules/routes/kept_stream.py); in float32 ``fl(fl(S_{l-1} + X) - X)`` is not ``S_{l-1}``,
 so the rebuilt streams drift by up to a rounding per layer on the way down.
 
 For each chain shape of ``studies.route_precision`` (decoder self-attention with the causal
@@ -38,7 +38,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from realformer_fairseq.modules import kept_stream
+from realformer_fairseq.modules.routes import shared
 
 from .route_precision import CASES, inputs, layer_of
 from .runs import REPO_ROOT, read_json, write_json
@@ -54,7 +54,7 @@ def chain(case: str, mode: str, depth: int) -> List:
     for _ in range(depth):
         module = layer_of("eager", case).double().train()
         module.residual_attention_mode = mode
-        module.kept_stream = False
+        module.one_stream_per_chain = False
         layers.append(module)
     return layers
 
@@ -101,7 +101,7 @@ def rebuilt_streams(layers, case: str, length: int):
     forward: List = []
     rebuilt: Dict[int, torch.Tensor] = {}
     links: Dict[int, int] = {}
-    keep = kept_stream.StreamLink.keep
+    keep = shared.StreamLink.keep
 
     def recording_keep(link, stream):
         if id(link) not in links:  # the forward's keep of a new layer's stream
@@ -110,11 +110,11 @@ def rebuilt_streams(layers, case: str, length: int):
             rebuilt[links[id(link)]] = stream.detach().clone()
         keep(link, stream)
 
-    kept_stream.StreamLink.keep = recording_keep
+    shared.StreamLink.keep = recording_keep
     try:
         grads = run(layers, case, length, torch.float32, forward)
     finally:
-        kept_stream.StreamLink.keep = keep
+        shared.StreamLink.keep = keep
     return grads, forward, rebuilt
 
 
@@ -125,7 +125,7 @@ def float32_layers(reference: List, case: str, route: str, one_stream: bool) -> 
     if route == "eager":
         layers = [m.float() for m in copy.deepcopy(reference)]
         for module in layers:
-            module.kept_stream = one_stream
+            module.one_stream_per_chain = one_stream
         return layers
     layers = []
     for module in reference:

@@ -12,7 +12,7 @@ decoder layer's cross-attention returns its probabilities, fairseq's alignment l
   as PyTorch runs it: ``q k^T`` in fp16, a float32 copy, the stream added in place, the running
   mean's division, the mask, the softmax, an fp16 copy, ``P V``, and each of their backwards.
   Autograd keeps the float32 softmax output and the fp16 probabilities (6 bytes per score).
-* ``triton``: the fused kernels as modules/triton_attention.py runs them: one forward reading
+* ``triton``: the fused kernels as modules/routes/triton_function.py runs them: one forward reading
   ``q, k, v`` and the previous float32 stream, writing the new stream, the output and the row
   statistics; causal blocks above the diagonal skipped (decoder self-attention, mask made from
   the indices); a backward of three kernels: a ``delta`` pre-pass, a key-block pass (reads the
@@ -243,7 +243,7 @@ def qkvo_bytes(layer: Layer) -> Tuple[float, float]:
 
 
 def eager_cost(layer: Layer, dropout: float = 0.0) -> LayerCost:
-    """The eager route's kernels (``_raw_scores``, ``_add_to_stream``, ``_attend_stream``)."""
+    """The eager route's kernels (``raw_scores``, ``add_to_stream``, ``_attend_stream``)."""
     n, d = layer.scores, layer.head_dim
     q, kv = qkvo_bytes(layer)
     mask = layer.tgt * layer.src
@@ -290,7 +290,7 @@ def eager_cost(layer: Layer, dropout: float = 0.0) -> LayerCost:
 def triton_cost(
     layer: Layer, dropout: float = 0.0, elements_per_philox: int = 4, dq_recomputed: bool = False
 ) -> LayerCost:
-    """The fused kernels as modules/triton_attention.py runs them (issue 53, and issue 51's one
+    """The fused kernels as modules/routes/triton_function.py runs them (issue 53, and issue 51's one
     stream per chain); the alignment layer's probabilities (asked for) are the eager route's
     masked softmax of the stream, in PyTorch beside the kernels. The key-block
     pass writes the stream's whole gradient ``G`` (it is what it hands down anyway) and the dq

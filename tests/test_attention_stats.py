@@ -22,7 +22,7 @@ from harness import (
 )
 
 from realformer_fairseq.cli import attention_stats as stats_cli
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 
 N_LINES = 13  # batches of 4: the last one is short, every batch is padded
 

@@ -16,7 +16,7 @@ from fairseq.modules import MultiheadAttention
 from harness import run
 
 from realformer_fairseq.modules.admin import AdminResidual
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 from studies import bench_measure, bench_models, benchmark_speed
 from studies.bench_models import Bench, dummy_dictionary, make_batch
 

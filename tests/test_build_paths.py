@@ -36,7 +36,7 @@ from omegaconf import OmegaConf
 from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.models.build_checks import check_layers_match_settings
 from realformer_fairseq.modules.admin import AdminResidual
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 from realformer_fairseq.settings import RealformerSettings, read_realformer_settings
 
 FAMILIES = ("translation", "masked_lm", "sentence_prediction")

@@ -20,12 +20,13 @@ from harness import (
 )
 
 from realformer_fairseq.errors import RealformerConfigError
-from realformer_fairseq.modules import route_rules, route_warnings
-from realformer_fairseq.modules.residual_attention import (
+from realformer_fairseq.modules.routes import (
     ConcatRealformerMultiheadAttention,
     RealformerMultiheadAttention,
-    stream_of,
 )
+from realformer_fairseq.modules.routes import rules as route_rules
+from realformer_fairseq.modules.routes import shared as route_warnings
+from realformer_fairseq.modules.routes.concat import stream_of
 from realformer_fairseq.settings import read_realformer_settings
 
 FUSED = "fused SDPA, flash"
@@ -285,7 +286,7 @@ def test_attention_dropout_on_cpu_runs_the_eager_route_with_its_dropout_draws(ca
     )
     src, src_lengths, tgt = random_batch(dictionary)
     outs = []
-    with caplog.at_level(logging.DEBUG, logger="realformer_fairseq.modules.residual_attention"):
+    with caplog.at_level(logging.DEBUG, logger="realformer_fairseq.modules.routes.concat"):
         for model in (eager, concat):
             model.train()
             torch.manual_seed(5)
@@ -503,7 +504,7 @@ def test_an_explicit_concat_route_that_cannot_fuse_warns_once(caplog):
     concat.float().train()
     src, src_lengths, tgt = random_batch(dictionary)
     route_warnings._SAID.clear()
-    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.residual_attention"):
+    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.routes.concat"):
         for _ in range(3):
             concat(src, src_lengths, tgt)
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

@@ -25,7 +25,7 @@ from harness import (
     random_batch,
 )
 
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 
 EMBED_DIM, HEADS = 16, 4
 

@@ -1,5 +1,5 @@
 """The eager route's kept stream (``kept_stream = True``, off by default) keeps one score stream
-per chain for backward and rebuilds the earlier ones (modules/kept_stream.py, issue 51):
+per chain for backward and rebuilds the earlier ones (modules/routes/kept_stream.py):
 RealFormer's (He et al. 2020, arXiv 2012.11747)
 ``S_{l-1} = S_l - Q_l K_l^T / sqrt(d)`` in backward. Float64 chains against the plain route
 (the eager route as it is, ``kept_stream = False``, whose autograd keeps every layer's
@@ -17,12 +17,14 @@ import pytest
 import torch
 from harness import NO_DROPOUT, build_translation_model, random_batch
 
-from realformer_fairseq.modules import kept_stream, route_warnings
+from realformer_fairseq.modules.routes import kept_stream
+from realformer_fairseq.modules.routes import shared
+from realformer_fairseq.modules.routes import shared as route_warnings
 from studies import stream_memory, stream_precision
 from studies.bench_models import dummy_dictionary
 from studies.route_precision import CASES, inputs, layer_of, run_chain
 
-LOGGER = "realformer_fairseq.modules.kept_stream"
+LOGGER = "realformer_fairseq.modules.routes.shared"
 
 
 @pytest.fixture(autouse=True)
@@ -81,7 +83,7 @@ def hand_overs(monkeypatch):
     """Counts the streams handed from a layer to the next, and the kept-stream backwards."""
     counts = {"hand_over": 0, "backward": 0}
     hand_over, backward = (
-        kept_stream.StreamLink.hand_over,
+        shared.StreamLink.hand_over,
         kept_stream._KeptStreamAttention.backward,
     )
 
@@ -93,7 +95,7 @@ def hand_overs(monkeypatch):
         counts["backward"] += 1
         return backward(ctx, *grads)
 
-    monkeypatch.setattr(kept_stream.StreamLink, "hand_over", counting_hand_over)
+    monkeypatch.setattr(shared.StreamLink, "hand_over", counting_hand_over)
     monkeypatch.setattr(kept_stream._KeptStreamAttention, "backward", counting_backward)
     return counts
 

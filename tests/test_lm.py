@@ -21,7 +21,7 @@ from harness import NO_DROPOUT, toy_dictionary
 from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.models.realformer_lm import RealformerLanguageModel, RealformerLMDecoder
 from realformer_fairseq.modules.admin import AdminResidual, admin_closed_form_omega
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 
 
 def lm_task(dictionary=None, tokens_per_sample=1024):

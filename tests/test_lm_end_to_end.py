@@ -21,7 +21,7 @@ from harness import (
 
 from realformer_fairseq.models.realformer_lm import RealformerLanguageModel
 from realformer_fairseq.modules.admin import AdminResidual
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 from studies.text import LM_PUNCTUATION, split_words
 
 N_TRAIN, N_VALID = 1000, 100

@@ -16,7 +16,7 @@ import importlib, importlib.util, json, pkgutil, sys
 import realformer_fairseq
 names = [m.name for m in pkgutil.walk_packages(realformer_fairseq.__path__, "realformer_fairseq.")]
 # modules of an optional extra, imported where it is installed: module -> the package it needs
-optional = {{"realformer_fairseq.modules.triton_attention": "triton"}}
+optional = {{"realformer_fairseq.modules.routes.triton_function": "triton", "realformer_fairseq.modules.routes.triton_kernels": "triton"}}
 for name in names:
     if name in optional and importlib.util.find_spec(optional[name]) is None:
         continue
@@ -52,7 +52,7 @@ def test_no_plugin_module_imports_the_studies_or_matplotlib():
         "realformer_fairseq.cli.attention_plots",
         "realformer_fairseq.cli.average_checkpoints",
         "realformer_fairseq.models.realformer_lm",
-        "realformer_fairseq.modules.residual_attention",
+        "realformer_fairseq.modules.routes.eager",
     ):
         assert name in result["modules"], name
     assert result["loaded"] == []

@@ -634,7 +634,7 @@ def test_pretrain_sh_builds_the_variants(pretrained):
         layers = model.encoder.sentence_encoder.layers
         assert len(layers) == 2 and cfg.model.encoder_normalize_before is False
         assert cfg.model.residual_attention == ("encoder" if chained else "none")
-        from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+        from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 
         attention = [layer.self_attn for layer in layers]
         assert all(isinstance(a, RealformerMultiheadAttention) == chained for a in attention)

@@ -24,7 +24,7 @@ from realformer_fairseq.modules.realformer_layer import (
     check_chain_heads,
     realformer_config,
 )
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 from realformer_fairseq.settings import read_realformer_settings
 
 ERROR_PREFIX = "realformer_fairseq: error: "

@@ -15,7 +15,8 @@ from harness import (
     random_batch,
 )
 
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention, stream_of
+from realformer_fairseq.modules.routes.concat import stream_of
+from realformer_fairseq.modules.routes.eager import RealformerMultiheadAttention
 
 
 def record_attention(module, records):

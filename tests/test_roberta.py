@@ -36,7 +36,7 @@ from realformer_fairseq.models.realformer_roberta import (
 )
 from realformer_fairseq.models.realformer_transformer import RealformerTransformerEncoder
 from realformer_fairseq.modules.admin import AdminResidual
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 
 # ---------------------------------------------------------------------------
 # data and commands

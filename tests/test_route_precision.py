@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from realformer_fairseq.modules import residual_attention
+from realformer_fairseq.modules.routes import concat as residual_attention
 from studies import gpu_check, route_precision
 
 SDPA = F.scaled_dot_product_attention  # torch's, before any test replaces it

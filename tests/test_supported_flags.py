@@ -26,7 +26,7 @@ from harness import (
 )
 
 from realformer_fairseq.errors import RealformerConfigError
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 
 TINY = ["--encoder-embed-dim", "64", "--encoder-ffn-embed-dim", "128"]
 TINY += ["--encoder-attention-heads", "2", "--decoder-attention-heads", "2"]

@@ -1,4 +1,4 @@
-"""The triton route's kernels (realformer_fairseq/modules/triton_attention.py) compile for the GPUs
+"""The triton route's kernels (realformer_fairseq/modules/routes/triton_kernels.py) compile for the GPUs
 the project measures on, without a GPU, into code without register spills or GPU-wide fences:
 every kernel (the forward; the backward's delta, key-block and dq passes) at every configuration
 the route launches (``launch_configs``: short and long sequences) for A100 (sm_80) and H100/H200
@@ -64,7 +64,8 @@ import triton.language as tl
 from triton import compile
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from realformer_fairseq.modules import triton_attention as ta
+from realformer_fairseq.modules.routes import triton_kernels as ta
+from realformer_fairseq.modules.routes import triton_launch
 
 arch, dtype_name, head_dim = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 fence = re.compile(sys.argv[4])
@@ -92,7 +93,7 @@ VARIANTS = {"causal": {"CAUSAL": True, "HAS_MASK": False},
             "mask": {"CAUSAL": False, "HAS_MASK": True}}
 plan = [
     (kernel_name, cfg, variant)
-    for kernel_name, cfg in ta.launch_configs(head_dim, dtype, (arch // 10, arch % 10))
+    for kernel_name, cfg in triton_launch.launch_configs(head_dim, dtype, (arch // 10, arch % 10))
     for variant in (VARIANTS if kernel_name != "delta" else [""])
 ]
 result = []
@@ -100,7 +101,7 @@ work = tempfile.mkdtemp()
 for kernel_name, cfg, variant in plan:
     kernel = KERNELS[kernel_name]
     consts = {
-        "HEAD_DIM": head_dim, "BLOCK_D": ta.padded_head_dim(head_dim), "BLOCK_M": cfg.block_m,
+        "HEAD_DIM": head_dim, "BLOCK_D": triton_launch.padded_head_dim(head_dim), "BLOCK_M": cfg.block_m,
         "BLOCK_N": cfg.block_n, "ACC": tl.float32, "PRECISION": "ieee", "UPCAST": False,
     }
     consts = {name: value for name, value in consts.items() if name in kernel.arg_names}
@@ -234,7 +235,7 @@ def test_the_fence_pattern_finds_what_acquire_release_atomics_compile_to():
 def test_cpu_tensors_without_the_interpreter_stop_with_one_line():
     code = (
         "import torch\n"
-        "from realformer_fairseq.modules.triton_attention import residual_attention\n"
+        "from realformer_fairseq.modules.routes.triton_function import residual_attention\n"
         "q = torch.zeros(2, 3, 8)\n"
         "residual_attention(q, q, q, None, None, None, 1, 1.0, 0.0)\n"
     )

@@ -32,13 +32,14 @@ pytest.importorskip(
 
 from test_kept_stream import checkpointing_gradients  # noqa: E402
 
-from realformer_fairseq.modules import kept_stream, route_warnings  # noqa: E402
-from realformer_fairseq.modules import triton_attention as ta  # noqa: E402
+from realformer_fairseq.modules.routes import shared  # noqa: E402
+from realformer_fairseq.modules.routes import shared as route_warnings
+from realformer_fairseq.modules.routes import triton_function as ta  # noqa: E402
 from studies import stream_memory, stream_precision  # noqa: E402
 from studies.bench_models import dummy_dictionary  # noqa: E402
 from studies.route_precision import CASES, inputs, layer_of, run_chain  # noqa: E402
 
-LOGGER = "realformer_fairseq.modules.kept_stream"
+LOGGER = "realformer_fairseq.modules.routes.shared"
 EMBED = 32  # 4 heads of 8 (the kernels pad them to 16): small, for the interpreter
 
 
@@ -53,7 +54,7 @@ def links(monkeypatch):
     """Counts the streams handed from a layer to the next, and the streams rebuilt in backward
     (a link that keeps a second time)."""
     counts = {"hand_over": 0, "rebuilt": 0}
-    hand_over, keep = kept_stream.StreamLink.hand_over, kept_stream.StreamLink.keep
+    hand_over, keep = shared.StreamLink.hand_over, shared.StreamLink.keep
     kept_once = {}  # id -> link: held, so that no later link takes a freed one's id
 
     def counting_hand_over(self, *args):
@@ -66,8 +67,8 @@ def links(monkeypatch):
         kept_once[id(self)] = self
         return keep(self, stream)
 
-    monkeypatch.setattr(kept_stream.StreamLink, "hand_over", counting_hand_over)
-    monkeypatch.setattr(kept_stream.StreamLink, "keep", counting_keep)
+    monkeypatch.setattr(shared.StreamLink, "hand_over", counting_hand_over)
+    monkeypatch.setattr(shared.StreamLink, "keep", counting_keep)
     return counts
 
 
@@ -219,7 +220,7 @@ def test_a_stream_of_an_eager_layer_is_kept_said_once_and_exact(caplog):
 
 
 def ta_fused():
-    from realformer_fairseq.modules.triton_route import FUSED
+    from realformer_fairseq.modules.routes.triton_route import FUSED
 
     return FUSED
 

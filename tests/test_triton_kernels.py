@@ -1,8 +1,8 @@
-"""The triton route's kernels (realformer_fairseq/modules/triton_attention.py), run on CPU tensors
+"""The triton route's kernels (realformer_fairseq/modules/routes/triton_*.py), run on CPU tensors
 by Triton's interpreter, against residual attention written here from its formula (RealFormer,
 He et al. 2020, arXiv 2012.11747: ``S_l = Q_l K_l^T / sqrt(d) + S_{l-1}``, softmax over the masked
 ``S_l`` (divided by ``l + 1`` for the running mean), dropout, ``P V``) in float64, and against the
-eager route's own ``_add_to_stream`` / ``_attend_stream``: every output and every gradient (q, k,
+eager route's own ``add_to_stream`` / ``_attend_stream``: every output and every gradient (q, k,
 v and the previous stream), in float64 and float32, at lengths that are not multiples of the
 interpreter's 16-wide blocks. Needs triton (``pip install -e '.[triton]'``); skipped without it.
 
@@ -24,11 +24,12 @@ triton = pytest.importorskip(
 
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
-from realformer_fairseq.modules import triton_attention as ta  # noqa: E402
-from realformer_fairseq.modules.residual_attention import (  # noqa: E402
+from realformer_fairseq.modules.routes import triton_launch  # noqa: E402
+from realformer_fairseq.modules.routes import (  # noqa: E402
     _MASK_VALUE,
     RealformerMultiheadAttention,
 )
+from realformer_fairseq.modules.routes import triton_function as ta  # noqa: E402
 
 HEADS = 2
 HEAD_DIM = 8  # padded to the kernels' 16
@@ -92,8 +93,8 @@ def eager_route(q, k, v, prev, key_padding_mask, attn_mask, layer_idx, mode, kee
     if keep is not None:
         module.dropout_module.forward = lambda x: x * keep.to(x.dtype) / (1 - p)
     bsz = q.size(0) // HEADS
-    raw = module._raw_scores(q, k, bsz, bsz)
-    stream = module._add_to_stream(raw, prev)
+    raw = module.raw_scores(q, k, bsz, bsz)
+    stream = module.add_to_stream(raw, prev)
     attn, _ = module._attend_stream(
         stream, raw, v, key_padding_mask, attn_mask, bsz, bsz, layer_idx, False, False
     )
@@ -394,13 +395,13 @@ def test_short_sequences_get_small_blocks(capability):
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         for head_dim in (16, 32, 64, 100, 128):
             for kernel in ("forward", "backward", "dq"):
-                cfg = ta.launch_config(kernel, head_dim, dtype, capability, 32)
+                cfg = triton_launch.launch_config(kernel, head_dim, dtype, capability, 32)
                 width = cfg.block_n if kernel == "backward" else cfg.block_m
                 assert width <= 32, (dtype, head_dim, kernel, cfg)
-            long = ta.launch_config("forward", head_dim, dtype, capability, 65)
+            long = triton_launch.launch_config("forward", head_dim, dtype, capability, 65)
             assert long.block_m == (64 if dtype != torch.float32 else 16)
     with pytest.raises(ValueError, match="head sizes up to 128, got 130"):
-        ta.launch_config("forward", 130, torch.float16, (9, 0), 512)
+        triton_launch.launch_config("forward", 130, torch.float16, (9, 0), 512)
 
 
 def test_the_grid_folds_batch_times_heads_into_its_first_axis():

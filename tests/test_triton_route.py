@@ -43,9 +43,11 @@ from test_concat_route import assert_grads_equal, lm_causal_chain_pair, model_pa
 from realformer_fairseq import settings
 from realformer_fairseq.errors import RealformerConfigError
 from realformer_fairseq.models.build_checks import check_layers_match_settings
-from realformer_fairseq.modules import route_rules, route_warnings, triton_route
-from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
-from realformer_fairseq.modules.triton_route import TritonRealformerMultiheadAttention
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention
+from realformer_fairseq.modules.routes import rules as route_rules
+from realformer_fairseq.modules.routes import shared as route_warnings
+from realformer_fairseq.modules.routes import triton_route
+from realformer_fairseq.modules.routes.triton_route import TritonRealformerMultiheadAttention
 from realformer_fairseq.settings import RealformerSettings, read_realformer_settings
 
 TRITON = settings.triton_installed()
@@ -116,7 +118,7 @@ def kernel(request, monkeypatch):
 
     stand_in = types.ModuleType("triton_attention_stand_in")
     stand_in.residual_attention = recorded
-    stand_in.INTERPRETED = True  # as the kernels' module under TRITON_INTERPRET=1
+    stand_in.RUNS_IN_INTERPRETER = True  # as the kernels' module under TRITON_INTERPRET=1
     stand_in.MAX_HEAD_DIM = 128  # as the kernels'
     monkeypatch.setattr(triton_route, "kernel_module", lambda: stand_in)
     monkeypatch.setattr(settings, "triton_installed", lambda: True)
@@ -301,7 +303,7 @@ def test_incremental_decoding_runs_the_eager_route_and_says_so_once(kernel, capl
     )
     src, src_lengths, _ = random_batch(dictionary, bsz=3, src_len=8, pad_rows=(0, 2))
     results = []
-    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.triton_route"):
+    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.routes.triton_route"):
         for model in (eager, routed, routed):
             model.eval()
             results.append(
@@ -331,7 +333,7 @@ def test_keys_shared_by_the_beams_run_the_eager_route(kernel, caplog):
     src, src_lengths, tgt = random_batch(dictionary, bsz=2, src_len=8, pad_rows=(1,))
     sample = {"net_input": {"src_tokens": src, "src_lengths": src_lengths}}
     hypos = []
-    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.triton_route"):
+    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.routes.triton_route"):
         for model in (eager, routed):
             model.eval()
             model.make_generation_fast_(need_attn=False)
@@ -358,7 +360,7 @@ def test_keys_shared_by_the_beams_run_the_eager_route(kernel, caplog):
 def test_torchscript_runs_the_eager_route_and_says_so(kernel, caplog):
     eager, routed, dictionary = triton_pair(residual_attention_mode="mean", **NO_DROPOUT)
     src, src_lengths, tgt = random_batch(dictionary)
-    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.triton_route"):
+    with caplog.at_level(logging.WARNING, logger="realformer_fairseq.modules.routes.triton_route"):
         scripted = torch.jit.script(routed.eval())
     assert warnings_of(caplog) == [
         "--residual-attention-impl triton: runs the eager route where the model is scripted "
@@ -383,7 +385,7 @@ def test_cpu_tensors_without_the_interpreter_and_masks_with_a_gradient_run_eager
     assert m.last_kernel == "eager, because the attention mask needs a gradient"
     m(x, x, x, need_weights=False)
     assert m.last_kernel == FUSED
-    monkeypatch.setattr(triton_route.kernel_module(), "INTERPRETED", False)
+    monkeypatch.setattr(triton_route.kernel_module(), "RUNS_IN_INTERPRETER", False)
     m(x, x, x, need_weights=False)
     assert m.last_kernel == (
         "eager, because tensors are on cpu, not CUDA, without Triton's interpreter "
@@ -487,7 +489,7 @@ NO_TRITON_IMPORT = textwrap.dedent("""
 
     import realformer_fairseq  # noqa: F401
     from realformer_fairseq.models import build_checks  # noqa: F401
-    from realformer_fairseq.modules import triton_route  # noqa: F401
+    from realformer_fairseq.modules.routes import triton_route  # noqa: F401
 
     for impl in ("eager", "concat", "auto"):
         model, _ = build_translation_model("realformer_tiny", residual_attention_impl=impl)

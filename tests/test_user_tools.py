@@ -343,7 +343,7 @@ def test_fill_mask_ranks_the_models_own_predictions(encoder_only):
 
     from realformer_fairseq.models.hub_interface import RealformerRobertaHubInterface
     from realformer_fairseq.models.realformer_roberta import RealformerRobertaModel
-    from realformer_fairseq.modules.residual_attention import RealformerMultiheadAttention
+    from realformer_fairseq.modules.routes import RealformerMultiheadAttention
 
     bert = load_encoder_only(encoder_only, "mlm")
     assert isinstance(bert, RealformerRobertaHubInterface)

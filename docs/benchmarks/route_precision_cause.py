@@ -18,17 +18,18 @@ import sys
 
 import torch
 
-from realformer_fairseq.modules import residual_attention
+from realformer_fairseq.modules.routes import concat as residual_attention
+from realformer_fairseq.modules.routes import eager
 from studies import route_precision
 
 
 def run(label, device, length, fill=None, handle_rows=True):
-    saved = residual_attention._MASK_VALUE, residual_attention.ConcatRealformerMultiheadAttention
+    saved = eager.MASK_VALUE, residual_attention.ConcatRealformerMultiheadAttention
     cls = residual_attention.ConcatRealformerMultiheadAttention
     original_rows = cls._fully_masked_rows_as_eager
     try:
         if fill is not None:
-            residual_attention._MASK_VALUE = fill
+            eager.MASK_VALUE = fill
         if not handle_rows:
             # fp16 kept its handling in the old code too (its fill cannot absorb the scores)
             cls._fully_masked_rows_as_eager = lambda self, out, mask, fill, v4: (
@@ -36,7 +37,7 @@ def run(label, device, length, fill=None, handle_rows=True):
             )
         report = route_precision.check(device, ["float32", "fp16", "bf16"], length)
     finally:
-        residual_attention._MASK_VALUE = saved[0]
+        eager.MASK_VALUE = saved[0]
         cls._fully_masked_rows_as_eager = original_rows
     print(f"== {label}: passed={report['passed']}")
     for line in route_precision.summary_lines(report):

@@ -17,12 +17,8 @@ from torch import nn
 
 from ..errors import RealformerConfigError
 from ..modules.admin import AdminResidual
-from ..modules.residual_attention import (
-    ConcatRealformerMultiheadAttention,
-    RealformerMultiheadAttention,
-)
-from ..modules.route_rules import built_route
-from ..modules.triton_route import TritonRealformerMultiheadAttention
+from ..modules.routes import ROUTES, RealformerMultiheadAttention
+from ..modules.routes.rules import built_route
 from ..settings import RealformerSettings, read_realformer_settings
 from .supported_flags import refuse_unsupported_flags
 
@@ -62,10 +58,8 @@ def check_layers_match_settings(
     per layer (``None`` where a layer has none, e.g. no cross-attention). Every module
     of a residual chain must be a :class:`RealformerMultiheadAttention` with the
     requested mode and route (``--residual-attention-impl`` as
-    :func:`~realformer_fairseq.modules.route_rules.built_route` resolves it on this machine:
-    the eager class for ``eager``, :class:`TritonRealformerMultiheadAttention` for ``triton``,
-    :class:`ConcatRealformerMultiheadAttention` with that value for ``concat`` and ``auto``),
-    and no module
+    :func:`~realformer_fairseq.modules.routes.rules.built_route` resolves it on this machine:
+    exactly the class ``ROUTES`` names for that route, with that route's name), and no module
     of another chain may be one; every ADMIN residual in
     ``model`` must have ``admin`` equal to ``settings.admin`` (and there must be some).
     Raises :class:`RealformerConfigError` naming the first disagreement.
@@ -92,12 +86,7 @@ def check_layers_match_settings(
             route = (
                 built_route(settings.residual_attention_impl, chain, settings.cpu) if got else impl
             )
-            if got and (
-                impl != route
-                or isinstance(module, ConcatRealformerMultiheadAttention)
-                != (impl in ("concat", "auto"))
-                or isinstance(module, TritonRealformerMultiheadAttention) != (impl == "triton")
-            ):
+            if got and (impl != route or type(module) is not ROUTES[route]):
                 raise RealformerConfigError(
                     f"{model_name} disagrees with its config: chain '{chain}' layer {idx} "
                     f"has {type(module).__name__} with the {impl} route, the config asks for "

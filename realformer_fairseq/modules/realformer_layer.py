@@ -28,8 +28,8 @@ from torch import Tensor
 from ..errors import RealformerConfigError
 from ..settings import RealformerSettings
 from .admin import AdminResidual
-from .residual_attention import ConcatRealformerMultiheadAttention, RealformerMultiheadAttention
-from .route_rules import built_route, rule_for_this_machine, triton_rule_for_this_machine
+from .routes import ROUTES, RealformerMultiheadAttention
+from .routes.rules import built_route
 
 
 @dataclasses.dataclass
@@ -77,48 +77,25 @@ def settings_of(cfg) -> RealformerSettings:
 
 def build_residual_attention(layer, embed_dim, num_heads, cfg, chain: str, **kwargs):
     """The residual attention module of ``chain`` (``"encoder"``, ``"decoder"`` or
-    ``"cross"``) for the settings' route, with the arguments fairseq 0.12.3's layers give their
-    ``MultiheadAttention`` (dropout, quant noise): a :class:`RealformerMultiheadAttention` for
-    ``--residual-attention-impl eager``, a :class:`ConcatRealformerMultiheadAttention` for
-    ``concat``, a :class:`~.triton_route.TritonRealformerMultiheadAttention` for ``triton``
-    (which imports its kernels, and with them the optional triton, when it is built); for
-    ``auto``, the concat module with its measured rule where
-    :func:`~realformer_fairseq.modules.route_rules.rule_for_this_machine` has one for this
-    chain on this machine's GPU (the triton module where a measured triton rule does: none
-    yet), the eager module everywhere else; never a GPU's rule for a ``--cpu`` build."""
+    ``"cross"``): the class :data:`~.routes.ROUTES` names for the route
+    :func:`~.routes.rules.built_route` resolves the settings' ``--residual-attention-impl`` to
+    on this machine (never a GPU's rule for a ``--cpu`` build), with the arguments fairseq
+    0.12.3's layers give their ``MultiheadAttention`` (dropout, quant noise)."""
     settings = settings_of(cfg)
-    fairseq_kwargs = dict(
+    requested = settings.residual_attention_impl
+    route = built_route(requested, chain, settings.cpu)
+    return ROUTES[route].for_chain(
+        route,
+        requested,
+        chain,
+        settings.cpu,
+        embed_dim,
+        num_heads,
+        residual_attention_mode=settings.residual_attention_mode,
         dropout=cfg.attention_dropout,
         q_noise=layer.quant_noise,
         qn_block_size=layer.quant_noise_block_size,
         **kwargs,
-    )
-    route = built_route(settings.residual_attention_impl, chain, settings.cpu)
-    if route == "eager":
-        return RealformerMultiheadAttention(
-            embed_dim,
-            num_heads,
-            residual_attention_mode=settings.residual_attention_mode,
-            **fairseq_kwargs,
-        )
-    if route == "triton":
-        from .triton_route import TritonRealformerMultiheadAttention
-
-        auto = settings.residual_attention_impl == "auto"
-        return TritonRealformerMultiheadAttention(
-            embed_dim,
-            num_heads,
-            residual_attention_mode=settings.residual_attention_mode,
-            rule=triton_rule_for_this_machine(chain, settings.cpu) if auto else None,
-            **fairseq_kwargs,
-        )
-    return ConcatRealformerMultiheadAttention(
-        embed_dim,
-        num_heads,
-        residual_attention_mode=settings.residual_attention_mode,
-        residual_attention_impl=route,
-        rule=rule_for_this_machine(chain, settings.cpu) if route == "auto" else None,
-        **fairseq_kwargs,
     )
 
 

@@ -2,7 +2,7 @@
 
 RealFormer (He et al. 2020, arXiv 2012.11747) adds each layer's raw scores to a running sum.
 The eager route materialises that sum, ``(bsz*heads, T, T)`` in float32; the concat route
-(:class:`~realformer_fairseq.modules.residual_attention.ConcatRealformerMultiheadAttention`)
+(:class:`~.concat.ConcatRealformerMultiheadAttention`)
 computes the same softmax input as one fused attention over the concatenated queries and keys
 of the chain, which is wider per layer but never forms a ``T x T`` tensor. Which one is faster
 depends on the device, the torch build, the dtype, the length and the depth, so ``auto`` runs
@@ -19,13 +19,13 @@ against all eager). Its ``source`` says which measurement. An unmeasured device,
 version or dtype runs eager.
 
 The triton route (``--residual-attention-impl triton``,
-:mod:`~realformer_fairseq.modules.triton_route`) has its own table, :data:`TRITON_RULES`:
+:mod:`~.triton_route`) has its own table, :data:`TRITON_RULES`:
 ``auto`` builds it for a chain only where a :class:`TritonRule` measured on that device says
 it wins. The table is empty: the triton route is not measured on a GPU yet, so ``auto`` never
 builds it.
 
 A model built for the CPU (fairseq's ``--cpu``, :attr:`RealformerSettings.cpu`) reads no
-rule: the lookup never touches CUDA for it (issue 46), even on a machine with a GPU.
+rule: the lookup never touches CUDA for it, even on a machine with a GPU.
 """
 
 import dataclasses
@@ -33,7 +33,7 @@ from typing import Optional, Tuple
 
 import torch
 
-from ..settings import triton_installed
+from ...settings import ROUTES, triton_installed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,8 +61,8 @@ CONCAT_RULES: Tuple[ConcatRule, ...] = (
         depth=4,
         source=(
             "studies/gpu_check.py part 4, twice on one NVIDIA H200 with torch 2.11.0+cu130 "
-            "(2026-12-03 in issue 35, 2026-12-04 in docs/benchmarks/gpu_check_h200.json; "
-            "docs/benchmarks.md, 'The routes on an H200'): at 2,048 tokens the switch depth "
+            "(docs/benchmarks/gpu_check_h200.json; docs/benchmarks.md, 'The routes on an "
+            "H200'): at 2,048 tokens the switch depth "
             "D = 4 was best in all eight chains (fp16/bf16, 6 and 12 layers, head size 64; "
             "0.68-0.88 x the all-eager time); at 512 no depth won reliably (0.93-0.97 in the "
             "first run, 0.94-1.10 for D = 4 in the second), at 128 none; lengths between 512 "
@@ -135,7 +135,10 @@ def built_route(impl: str, chain: str, cpu: bool = False) -> str:
     impl`` on this machine (``cpu``: the model is built for the CPU, fairseq's ``--cpu``):
     ``"eager"`` (the plain module), ``"concat"``, ``"triton"``, or ``"auto"`` (the concat
     module running its measured rule). ``auto`` builds the triton route only where a measured
-    triton rule matches (none yet) and triton is installed."""
+    triton rule matches (none yet) and triton is installed. Every name is a key of
+    ``ROUTES``; ``impl`` must be one."""
+    if impl not in ROUTES:
+        raise ValueError(f"--residual-attention-impl {impl}: use one of {', '.join(ROUTES)}")
     if impl != "auto":
         return impl
     if triton_rule_for_this_machine(chain, cpu) is not None and triton_installed():

@@ -1,42 +1,8 @@
-"""The triton route of residual attention: ``--residual-attention-impl triton``.
-
-He, Ravula, Kanagal, Ainslie. "RealFormer: Transformer Likes Residual Attention" (arXiv
-2012.11747). Layer ``l`` attends with ``softmax(S_l + mask)`` (``S_l / (l + 1)`` for the
-running mean), ``S_l = S_{l-1} + Q_l K_l^T / sqrt(d)``, and hands the float32 stream ``S_l``
-on. The eager route (:class:`RealformerMultiheadAttention`) runs that as six to eight kernels
-per layer and keeps the stream, the probabilities and the dropout mask of every layer for
-backward. This route runs it as one fused Triton kernel per layer
-(:func:`realformer_fairseq.modules.triton_attention.residual_attention`): it reads the previous
-stream, writes the new one, and keeps only q, k, v, the output, the log-sum-exp and the
-streams; its backward reads the stream once and regenerates the attention dropout mask from
-its counter-based RNG. A decoder self-attention chain's causal mask (fairseq's ``-inf`` future
-mask, recognised once per mask tensor by :func:`is_causal_mask`) is made in the kernels from
-the indices: its blocks wholly after the diagonal are not computed, and the stream holds 0
-there (the same probabilities for any layer that reads it: see ``residual_attention``). Head
-sizes above the kernels' 128 are refused in one line when the module is built.
-
-``triton`` is an optional extra (``pip install -e '.[triton]'``; CUDA builds of torch ship it).
-Nothing imports it before a model with this route is built: this module does not, and
-:func:`kernel_module` imports the kernels when the module is built (a missing triton is then
-one :class:`~realformer_fairseq.errors.RealformerConfigError` line, as the settings reader says
-before any build).
-
-The calls the kernel does not serve run the eager route, with the same weights and the same
-values in and out, each reason said once per process at WARNING (and every change of what a
-module runs at debug level, as the concat route does): incremental decoding (fairseq's
-``incremental_state``, beam search), cross-attention keys shared by the beams (fairseq's
-``set_beam_size``), an attention mask that needs a gradient, tensors off CUDA without Triton's
-interpreter (``TRITON_INTERPRET=1`` when triton is imported: CPU tensors then run in it), and a
-TorchScript model (said when it is scripted). The attention probabilities, where a call asks for
-them (``need_weights`` / ``need_head_weights``: fairseq's alignment layer, whose cross-attention
-the decoder asks for them in every forward, training included; every cross-attention in
-evaluation), are the eager route's masked softmax of the stream the kernel returns, before
-dropout, as fairseq returns them (:meth:`_probabilities`): the kernel still runs, and the
-probabilities carry their gradient into the stream's (autograd keeps them, one tensor of the
-stream's size, where a gradient is wanted). The kernel draws its own attention dropout mask (the
-distribution of the eager route's, not the same draw); the dropout probability is the module's,
-applied where fairseq's ``FairseqDropout`` applies it (training, or ``--retain-dropout`` at
-inference).
+"""The triton route of residual attention (RealFormer, arXiv 2012.11747): one fused Triton
+kernel per layer reads the previous stream and writes the new one
+(:func:`.triton_function.residual_attention`); the calls it does not serve run the eager route,
+each reason said once. Imports no triton: :func:`kernel_module` imports the kernels when a
+module is built. docs/reference.md, "The triton route", has the design.
 """
 
 import logging
@@ -45,11 +11,12 @@ from typing import Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..errors import RealformerConfigError
-from ..settings import TRITON_INSTALL, TRITON_MISSING, triton_installed
-from . import route_warnings
-from .residual_attention import RealformerMultiheadAttention
-from .route_rules import TritonRule
+from ...errors import RealformerConfigError
+from ...settings import TRITON_INSTALL, TRITON_MISSING, triton_installed
+from .eager import RealformerMultiheadAttention
+from .rules import TritonRule, triton_rule_for_this_machine
+from .shared import stream_dtype, warn_once
+from .triton_launch import MAX_HEAD_DIM
 
 logger = logging.getLogger(__name__)
 
@@ -84,24 +51,21 @@ FUSED = "fused Triton kernel"
 
 
 def kernel_module():
-    """:mod:`realformer_fairseq.modules.triton_attention` (which imports triton), imported
-    here on first use; a missing or broken triton is one :class:`RealformerConfigError` line."""
+    """:mod:`.triton_function` (which imports triton), imported here on first use; a missing or broken triton is one :class:`RealformerConfigError` line."""
     if not triton_installed():
         raise RealformerConfigError(TRITON_MISSING)
     try:
-        from . import triton_attention
+        from . import triton_function
     except ImportError as err:
         raise RealformerConfigError(
             f"--residual-attention-impl triton: importing triton failed ({err}); {TRITON_INSTALL}"
         ) from err
-    return triton_attention
+    return triton_function
 
 
-def warn_once(reason: str):
+def warn_eager(reason: str):
     """The one WARNING line per process of a reason that keeps this route off the kernel."""
-    route_warnings.warn_once(
-        logger, "--residual-attention-impl triton: runs the eager route where %s", reason
-    )
+    warn_once(logger, "--residual-attention-impl triton: runs the eager route where %s", reason)
 
 
 class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
@@ -114,6 +78,22 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
     ``--residual-attention-impl auto`` built this route (the kernel runs in its dtypes only);
     None for an explicit ``triton``."""
 
+    @classmethod
+    def route_help(cls, name: str) -> str:
+        return (
+            "runs one fused Triton kernel per layer that reads the previous stream and writes "
+            "the new one (needs the extra: pip install -e '.[triton]'; incremental decoding, "
+            "TorchScript and keys shared by the beams run eager, with one warning)"
+        )
+
+    @classmethod
+    def for_chain(
+        cls, name: str, requested: str, chain: str, cpu: bool, embed_dim, num_heads,
+        residual_attention_mode: str, **kwargs,
+    ):  # fmt: skip
+        rule = triton_rule_for_this_machine(chain, cpu) if requested == "auto" else None
+        return cls(embed_dim, num_heads, residual_attention_mode, rule=rule, **kwargs)
+
     def __init__(
         self,
         embed_dim,
@@ -123,11 +103,11 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         **kwargs,
     ):
         super().__init__(embed_dim, num_heads, residual_attention_mode, **kwargs)
-        kernels = kernel_module()  # at build time: a missing triton stops the build
-        if self.head_dim > kernels.MAX_HEAD_DIM:
+        kernel_module()  # at build time: a missing triton stops the build
+        if self.head_dim > MAX_HEAD_DIM:
             raise RealformerConfigError(
                 f"--residual-attention-impl triton: the kernels take head sizes up to "
-                f"{kernels.MAX_HEAD_DIM}, this model's is {self.head_dim} "
+                f"{MAX_HEAD_DIM}, this model's is {self.head_dim} "
                 f"({embed_dim} / {num_heads} heads); --residual-attention-impl eager runs it"
             )
         self.residual_attention_impl = "triton"
@@ -136,7 +116,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         # what the last forward ran, in a list for the same reason as _calls
         self._last_kernel = [""]
         # True: a chain of kernel calls keeps one stream for backward and rebuilds the earlier
-        # ones (issue 51; triton_attention.residual_attention); False: every layer keeps its
+        # ones (triton_function.residual_attention); False: every layer keeps its
         # own (what a second backward through one graph, retain_graph=True, needs)
         self.one_stream_per_chain = True
 
@@ -210,7 +190,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
             return "the beams share the encoder's keys (set_beam_size)"
         if attn_mask is not None and attn_mask.requires_grad:
             return "the attention mask needs a gradient"
-        if q.device.type != "cuda" and not kernel_module().INTERPRETED:
+        if q.device.type != "cuda" and not kernel_module().RUNS_IN_INTERPRETER:
             return (
                 f"tensors are on {q.device.type}, not CUDA, without Triton's interpreter "
                 "(TRITON_INTERPRET=1 when triton is imported)"
@@ -236,7 +216,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         if dropout.p > 0 and (dropout.training or dropout.apply_during_inference):
             dropout_p = float(dropout.p)  # where FairseqDropout.forward would drop
         divisor = float(layer_idx + 1) if self.residual_attention_mode == "mean" else 1.0
-        stream_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+        sdtype = stream_dtype(q.dtype)
         causal = (
             attn_mask is not None
             and q.size(1) == k.size(1)
@@ -245,7 +225,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         if causal:  # made in the kernels from the indices
             attn_mask = None
         elif attn_mask is not None:  # the eager route's finite fill (-inf, -1e8 -> -1e30)
-            attn_mask = attn_mask.to(stream_dtype).clamp(min=self.mask_value)
+            attn_mask = attn_mask.to(sdtype).clamp(min=self.mask_value)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
         if prev_attn_scores is not None:
@@ -257,7 +237,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
                     "(bsz*heads, tgt_len, src_len); all layers of a chain need the same number "
                     "of heads"
                 )
-            prev_attn_scores = prev_attn_scores.to(stream_dtype)
+            prev_attn_scores = prev_attn_scores.to(sdtype)
         return kernel_module().residual_attention(
             q, k, v, prev_attn_scores, key_padding_mask, attn_mask, self.num_heads,
             divisor, dropout_p, mask_value=self.mask_value, causal=causal,
@@ -275,12 +255,12 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
                 "residual attention, triton route, layer %d of its chain: %s", layer_idx, what
             )
         if reason:
-            warn_once(reason)
+            warn_eager(reason)
 
     def __prepare_scriptable__(self):
         """``torch.jit.script`` calls this before scripting: the scripted model runs the eager
         route (the kernel is Python), said once."""
-        warn_once("the model is scripted (TorchScript)")
+        warn_eager("the model is scripted (TorchScript)")
         self._last_kernel[0] = "eager, because the model is scripted (TorchScript)"
         return self
 
