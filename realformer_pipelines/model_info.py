@@ -10,7 +10,7 @@ checkpoint's config, as fairseq stores it:
 * tokenizer and casing: ``cfg.bpe`` (``--bpe wordpiece --wordpiece-vocab V`` with
   ``--wordpiece-cased`` or ``--wordpiece-uncased``, which ``realformer-import-tf`` writes into
   ``model.pt`` and ``examples/glue/finetune.sh`` repeats when fine-tuning, read by the plugin's
-  one rule, ``realformer_pipelines.wordpiece.wordpiece_lowercase``: without either flag,
+  one rule, ``realformer_pipelines.vocabulary.wordpiece_lowercase``: without either flag,
   as the vocabulary shows; ``--bpe subword_nmt --bpe-codes C``; ``--bpe sentencepiece``); a
   model without ``--bpe`` has tokenizer ``""`` (unknown) and casing ``None``, and subword-nmt
   casing ``None`` (the codes keep the case of whatever text they were learned on);
@@ -135,7 +135,7 @@ def info_from_state(state: dict, checkpoint: str) -> ModelInfo:
     tokenizer = TOKENIZERS.get(bpe, bpe)
     cased, vocab = None, None
     if bpe == "wordpiece":
-        from .wordpiece import read_vocab_file, wordpiece_lowercase
+        from .vocabulary import read_vocab_file, wordpiece_lowercase
 
         vocab = _existing(cfg_get(bpe_cfg, "wordpiece_vocab"), checkpoint, "vocab.txt")
         said = cfg_get(bpe_cfg, "wordpiece_cased") is not None or cfg_get(
@@ -184,7 +184,7 @@ def vocabulary_info(vocab: str, cased: Optional[bool] = None) -> ModelInfo:
     if not os.path.isfile(vocab):
         raise InputError(f"{vocab}: missing vocabulary file")
     if cased is None:
-        from .wordpiece import lowercase_of_vocabulary, read_vocab_file
+        from .vocabulary import lowercase_of_vocabulary, read_vocab_file
 
         cased = not lowercase_of_vocabulary(read_vocab_file(vocab))[0]
     dictionary = _existing(None, vocab, "dict.txt")

@@ -21,38 +21,22 @@ import logging
 import sys
 from typing import Dict, List, Optional, Sequence, Tuple
 
-from .errors import InputError, exit_with_one_line
+from .errors import exit_with_one_line
 from .startup import console_entry_point
+from .vocabulary import (  # noqa: F401 (also this module's names)
+    SPECIAL_TOKENS,
+    WordPieceError,
+    lowercase_of_vocabulary,
+    read_vocab_file,
+    tokens_look_uncased,
+    wordpiece_lowercase,
+)
 
 logger = logging.getLogger(__name__)
 
-# BERT special token -> fairseq symbol
-SPECIAL_TOKENS = {
-    "[CLS]": "<s>",
-    "[PAD]": "<pad>",
-    "[SEP]": "</s>",
-    "[UNK]": "<unk>",
-    "[MASK]": "<mask>",
-}
 FAIRSEQ_BUILTINS = ("<s>", "<pad>", "</s>", "<unk>")  # ids 0-3 of every fairseq Dictionary
 MAX_INPUT_CHARS_PER_WORD = 200  # google-research/bert WordpieceTokenizer's default
 CONTINUATION_PREFIX = "##"
-
-
-class WordPieceError(InputError):
-    """A vocabulary that cannot be used; the message is one line."""
-
-
-def read_vocab_file(path: str) -> List[str]:
-    """The tokens of a BERT ``vocab.txt`` in id order (each line stripped, as BERT's
-    ``load_vocab`` does)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return [line.strip() for line in f]
-    except FileNotFoundError:
-        raise WordPieceError(f"no vocabulary file {path}") from None
-    except UnicodeDecodeError as err:
-        raise WordPieceError(f"{path}: not UTF-8 ({err.reason} at byte {err.start})") from None
 
 
 def fairseq_symbol(bert_token: str) -> str:
@@ -80,16 +64,6 @@ def check_vocabulary(tokens: Sequence[str], source: str) -> None:
     missing = [t for t in SPECIAL_TOKENS if t not in seen]
     if missing:
         raise WordPieceError(f"{source} has no {', '.join(missing)} token")
-
-
-def tokens_look_uncased(tokens: Sequence[str]) -> bool:
-    """True when no ordinary token has an upper-case letter (Google's uncased vocabularies;
-    the cased ones have thousands)."""
-    return not any(
-        any(ch.isupper() for ch in t)
-        for t in tokens
-        if t not in SPECIAL_TOKENS and not (t.startswith("[") and t.endswith("]"))
-    )
 
 
 class BertTextTokenizer:
@@ -149,28 +123,6 @@ def decode_pieces(text: str) -> str:
     detokenisation; the lower-casing and accent stripping cannot be undone)."""
     text = text.replace(" " + CONTINUATION_PREFIX, "")
     return text[len(CONTINUATION_PREFIX) :] if text.startswith(CONTINUATION_PREFIX) else text
-
-
-def wordpiece_lowercase(cfg, tokens: Sequence[str]) -> Tuple[bool, str]:
-    """(lower-case?, why) of a ``--bpe wordpiece`` config (``wordpiece_cased`` /
-    ``wordpiece_uncased``, in a checkpoint or on the command line) over its vocabulary's
-    ``tokens``; see the module docstring."""
-    get = cfg.get if isinstance(cfg, dict) else lambda key, default: getattr(cfg, key, default)
-    cased, uncased = get("wordpiece_cased", None), get("wordpiece_uncased", False)
-    if cased and uncased:
-        raise WordPieceError("--wordpiece-cased and --wordpiece-uncased contradict each other")
-    if cased:
-        return False, "--wordpiece-cased"
-    if uncased:
-        return True, "--wordpiece-uncased"
-    if cased is False:  # stored by a checkpoint of before --wordpiece-uncased: its uncased models
-        return True, "wordpiece_cased: false"
-    return lowercase_of_vocabulary(tokens)
-
-
-def lowercase_of_vocabulary(tokens: Sequence[str]) -> Tuple[bool, str]:
-    lowercase = tokens_look_uncased(tokens)
-    return lowercase, "the vocabulary has %s upper-case token" % ("no" if lowercase else "an")
 
 
 # ------------------------------------------------------------------ realformer-wordpiece
