@@ -95,7 +95,7 @@ def measure(length: int, head_dim: int, batch: int, args) -> Dict:
     ratio = {  # time of D / time of all-eager, median of per-repeat ratios
         d: statistics.median(e / c for c, e in zip(rates[d], rates[0])) for d in depths
     }
-    kernels = sorted({m.last_kernel for m in chains[args.layers]})
+    kernels = sorted({m.last_route for m in chains[args.layers]})
     best = min(depths, key=lambda d: ratio[d])
     return dict(length=length, head_dim=head_dim, batch=batch, heads=heads,
                 stream_elements=batch * heads * length * length, seconds=seconds,

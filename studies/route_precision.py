@@ -167,7 +167,7 @@ def check(device: str = "cpu", dtype_names: Optional[List[str]] = None, length: 
                 with torch.no_grad(), sdpa_kernel(sorted({backend, SDPBackend.MATH}, key=int)):
                     out = run_chain(layers, q, k, m, pad.to(device))
                 errors = relative_errors(out, truth)
-                ran = sorted({layer.last_kernel for layer in layers})
+                ran = sorted({layer.last_route for layer in layers})
                 entry[case] = dict(errors, ran=ran)
                 passed &= all(e <= tol for e in errors.values())
         report["dtypes"][dtype_name] = rows
@@ -234,7 +234,7 @@ def triton_check(
                     for t in (query, keys, attn_mask)]  # fmt: skip
             out, grads = chain_and_gradients(layers, *args, pad.to(device))
             gradient = gradient_errors(grads, truth_grads)
-            ran = sorted({layer.last_kernel for layer in layers})
+            ran = sorted({layer.last_route for layer in layers})
             rows[case] = dict(output=relative_errors(out, truth), gradient=gradient, ran=ran)
             errors = list(rows[case]["output"].values()) + list(gradient.values())
             passed &= all(e <= tol for e in errors) and ran == ["fused Triton kernel"]
@@ -326,7 +326,7 @@ def triton_training_check(
                     (a.double() - b.double()).abs().max().item()
                     for a, b in zip([out] + grads, [again] + grads_again)
                 )
-                ran = sorted({layer.last_kernel for layer in layers})
+                ran = sorted({layer.last_route for layer in layers})
                 row = dict(output=relative_errors(out, truth), gradient=gradient, ran=ran,
                            run_to_run=run_to_run, dropout_effect=dropped)  # fmt: skip
                 errors = list(row["output"].values()) + list(gradient.values())

@@ -89,7 +89,7 @@ def test_training_forward_and_gradients_equal_the_eager_route_on_all_three_chain
     torch.testing.assert_close(outputs[1][0], outputs[0][0], **EXACT)
     torch.testing.assert_close(outputs[1][1], outputs[0][1], **EXACT)  # alignment weights
     assert_grads_equal(eager, concat)
-    kernels = {name: m.last_kernel for name, m in concat_modules(concat).items()}
+    kernels = {name: m.last_route for name, m in concat_modules(concat).items()}
     assert len(kernels) == 9
     # the alignment layer's cross-attention returns its probabilities: eager, by design
     assert kernels.pop("decoder.layers.2.encoder_attn").startswith("eager, because the atten")
@@ -107,7 +107,7 @@ def test_incremental_decoding_with_beam_reordering_equals_the_eager_route():
         )
     torch.testing.assert_close(results[1][0], results[0][0], **EXACT)
     torch.testing.assert_close(results[1][0], results[1][1], **EXACT)  # incremental = full
-    kernels = {name: m.last_kernel for name, m in concat_modules(concat).items()}
+    kernels = {name: m.last_route for name, m in concat_modules(concat).items()}
     assert all(kernels[f"decoder.layers.{i}.self_attn"] == FUSED for i in range(3))
 
 
@@ -127,7 +127,7 @@ def test_beam_search_with_keys_shared_by_the_beams_equals_the_eager_route():
         generator = SequenceGenerator([model], dictionary, beam_size=5, max_len_b=8)
         hypos.append(generator.forward(sample))
     cross = concat.decoder.layers[0].encoder_attn
-    assert cross.beam_size == 5 and cross.last_kernel == FUSED
+    assert cross.beam_size == 5 and cross.last_route == FUSED
     for want, got in zip(*hypos):
         for a, b in zip(want, got):
             assert torch.equal(a["tokens"], b["tokens"])
@@ -162,7 +162,7 @@ def test_lm_causal_chain_with_padding_equals_the_eager_route():
     outs, models = lm_causal_chain_pair("concat")
     torch.testing.assert_close(outs[1], outs[0], **EXACT)
     assert_grads_equal(*models)
-    assert {m.last_kernel for m in concat_modules(models[1]).values()} == {FUSED}
+    assert {m.last_route for m in concat_modules(models[1]).values()} == {FUSED}
 
 
 def module_chain(impl, mode, n=3, embed=16, heads=4, dtype=torch.float64, dropout=0.0):
@@ -247,7 +247,7 @@ def test_half_precision_is_as_close_to_float64_as_the_eager_route(dtype):
         assert all(torch.isfinite(o).all() for o in outs)
         errors[impl] = max((o.double() - t).abs().max().item() for o, t in zip(outs, truth))
         if impl == "concat":
-            assert {m.last_kernel for m in layers} == {FUSED}
+            assert {m.last_route for m in layers} == {FUSED}
     scale = max(t.abs().max().item() for t in truth)
     tolerance = {torch.float16: 4e-3, torch.bfloat16: 3e-2}[dtype] * scale
     assert errors["eager"] < tolerance and errors["concat"] < tolerance, errors
@@ -275,7 +275,7 @@ def test_sixty_fp16_layers_whose_sum_leaves_fp16_range_stay_finite():
         out, _, _, queries, keys = layer(x, x, x, layer_idx=idx, need_weights=False,
                                          prev_attn_queries=queries, prev_attn_keys=keys)  # fmt: skip
         assert torch.isfinite(out).all()
-    assert layer.last_kernel == FUSED
+    assert layer.last_route == FUSED
     total = stream_of(queries.float(), keys.float())
     assert total.min().item() > torch.finfo(torch.float16).max  # 60 x 2000 = 120000
 
@@ -297,16 +297,16 @@ def test_attention_dropout_on_cpu_runs_the_eager_route_with_its_dropout_draws(ca
     assert_grads_equal(eager, concat)
     first = concat.encoder.layers[0].self_attn
     assert (
-        first.last_kernel
+        first.last_route
         == "eager, because attention dropout on CPU (no fused CPU kernel draws it)"
     )
-    assert concat.encoder.layers[1].self_attn.last_kernel == "eager, the chain's stream"
+    assert concat.encoder.layers[1].self_attn.last_route == "eager, the chain's stream"
     assert "layer 0 of its chain: eager, because attention dropout on CPU" in caplog.text
     # in evaluation there is no dropout: fused again
     concat.eval()
     with torch.no_grad():
         concat(src, src_lengths, tgt)
-    assert first.last_kernel == FUSED
+    assert first.last_route == FUSED
 
 
 def test_weights_and_a_mask_with_a_gradient_fall_back_to_the_exact_eager_route():
@@ -324,15 +324,15 @@ def test_weights_and_a_mask_with_a_gradient_fall_back_to_the_exact_eager_route()
                    prev_attn_scores=scores, layer_idx=1, **extra)  # fmt: skip
         out[0].square().sum().backward()
         results.append((out[0], out[1], mask.grad))
-    assert concat[0].last_kernel == FUSED
-    assert concat[1].last_kernel.startswith("eager, because the attention probabilities")
+    assert concat[0].last_route == FUSED
+    assert concat[1].last_route.startswith("eager, because the attention probabilities")
     for want, got in zip(*results):
         torch.testing.assert_close(got, want, **EXACT)
     # a mask that needs a gradient, without weights
     layer = concat[0]
     mask = causal.clamp(min=-1e4).requires_grad_()
     layer(x, x, x, attn_mask=mask, need_weights=False)
-    assert layer.last_kernel == "eager, because the attention mask needs a gradient"
+    assert layer.last_route == "eager, because the attention mask needs a gradient"
 
 
 def test_activation_checkpointing_threads_the_concatenated_queries_and_keys():
@@ -344,7 +344,7 @@ def test_activation_checkpointing_threads_the_concatenated_queries_and_keys():
         model.train()
         model(src, src_lengths, tgt)[0].square().sum().backward()
     assert_grads_equal(plain, wrapped)
-    assert wrapped.encoder.layers[1].self_attn.last_kernel == FUSED
+    assert wrapped.encoder.layers[1].self_attn.last_route == FUSED
 
 
 def test_concat_model_scripts_and_equals_itself_and_the_eager_route():
@@ -494,7 +494,7 @@ def test_auto_on_a_matching_gpu_machine_runs_eager_on_cpu(monkeypatch):
     auto.float().train()
     src, src_lengths, tgt = random_batch(dictionary, 1, 16, 4, pad_rows=())
     auto(src, src_lengths, tgt)
-    kernels = {m.last_kernel for m in concat_modules(auto).values()}
+    kernels = {m.last_route for m in concat_modules(auto).values()}
     assert kernels == {"eager, because auto: its measured rule runs the eager route here",
                        "eager, the chain's stream"}  # fmt: skip
 

@@ -164,7 +164,7 @@ def test_training_forward_and_gradients_equal_the_eager_route_on_all_three_chain
     torch.testing.assert_close(outputs[1][0], outputs[0][0], **kernel.tolerance)
     torch.testing.assert_close(outputs[1][1], outputs[0][1], **kernel.tolerance)  # alignment
     assert_grads_equal(eager, routed)
-    kernels = {name: m.last_kernel for name, m in triton_modules(routed).items()}
+    kernels = {name: m.last_route for name, m in triton_modules(routed).items()}
     assert len(kernels) == 9
     # the alignment layer's cross-attention returns its probabilities (compared above): from
     # the kernel's stream, the kernel runs there too
@@ -181,7 +181,7 @@ def test_lm_causal_chain_with_padding_equals_the_eager_route(kernel):
     outs, models = lm_causal_chain_pair("triton")
     torch.testing.assert_close(outs[1], outs[0], **kernel.tolerance)
     assert_grads_equal(*models)
-    assert {m.last_kernel for m in triton_modules(models[1]).values()} == {FUSED}
+    assert {m.last_route for m in triton_modules(models[1]).values()} == {FUSED}
 
 
 def test_encoder_only_model_equals_the_eager_route(kernel):
@@ -202,7 +202,7 @@ def test_encoder_only_model_equals_the_eager_route(kernel):
         outs.append(out)
     torch.testing.assert_close(outs[1], outs[0], **kernel.tolerance)
     assert_grads_equal(eager, routed)
-    assert {m.last_kernel for m in triton_modules(routed).values()} == {FUSED}
+    assert {m.last_route for m in triton_modules(routed).values()} == {FUSED}
 
 
 def causal_chain(cls, mode, loss_of, weights_of=lambda idx: {"need_weights": False}):
@@ -255,7 +255,7 @@ def test_module_chain_with_causal_mask_and_fully_padded_rows_equals_eager(kernel
     got, got_streams, _, got_grads, layers = causal_chain(
         TritonRealformerMultiheadAttention, mode, loss_of
     )
-    assert {m.last_kernel for m in layers} == {FUSED}
+    assert {m.last_route for m in layers} == {FUSED}
     torch.testing.assert_close(got, want, **kernel.tolerance)
     future = torch.ones(6, 6, dtype=torch.bool).triu(1)
     for a, b in zip(got_streams, want_streams):
@@ -289,7 +289,7 @@ def test_the_probabilities_asked_for_are_the_eager_routes_with_their_gradient(ke
     got, _, got_weights, got_grads, layers = causal_chain(
         TritonRealformerMultiheadAttention, mode, loss_of, weights_of
     )
-    assert {m.last_kernel for m in layers} == {FUSED}
+    assert {m.last_route for m in layers} == {FUSED}
     torch.testing.assert_close(got, want, **kernel.tolerance)
     for a, b in zip(got_weights[1:], want_weights[1:]):
         assert torch.isfinite(a).all()
@@ -313,11 +313,11 @@ def test_incremental_decoding_runs_the_eager_route_and_says_so_once(kernel, capl
         torch.testing.assert_close(got[0], results[0][0], **kernel.tolerance)
         torch.testing.assert_close(got[1], results[0][1], **kernel.tolerance)
     layer = routed.decoder.layers[0]
-    assert routed.encoder.layers[0].self_attn.last_kernel == FUSED
-    assert layer.self_attn.last_kernel == FUSED  # the full forward at the end, no state
+    assert routed.encoder.layers[0].self_attn.last_route == FUSED
+    assert layer.self_attn.last_route == FUSED  # the full forward at the end, no state
     # the full forward's cross-attention (fairseq's need_attn in evaluation) asks for its
     # probabilities: the kernel serves it
-    assert layer.encoder_attn.last_kernel == FUSED
+    assert layer.encoder_attn.last_route == FUSED
     assert warnings_of(caplog) == [
         "--residual-attention-impl triton: runs the eager route where decoding incrementally "
         "(incremental_state) (said once per process)",
@@ -349,7 +349,7 @@ def test_keys_shared_by_the_beams_run_the_eager_route(kernel, caplog):
     for a, b in zip(*hypos):
         for x, y in zip(a, b):
             assert torch.equal(x["tokens"], y["tokens"])
-    assert routed.decoder.layers[0].encoder_attn.last_kernel == (
+    assert routed.decoder.layers[0].encoder_attn.last_route == (
         "eager, because the beams share the encoder's keys (set_beam_size)"
     )
     assert "where the beams share the encoder's keys (set_beam_size)" in "".join(
@@ -382,12 +382,12 @@ def test_cpu_tensors_without_the_interpreter_and_masks_with_a_gradient_run_eager
     x = torch.randn(5, 2, 16, dtype=torch.float64)
     mask = torch.zeros(5, 5, dtype=torch.float64, requires_grad=True)
     m(x, x, x, attn_mask=mask, need_weights=False)
-    assert m.last_kernel == "eager, because the attention mask needs a gradient"
+    assert m.last_route == "eager, because the attention mask needs a gradient"
     m(x, x, x, need_weights=False)
-    assert m.last_kernel == FUSED
+    assert m.last_route == FUSED
     monkeypatch.setattr(triton_route.kernel_module(), "RUNS_IN_INTERPRETER", False)
     m(x, x, x, need_weights=False)
-    assert m.last_kernel == (
+    assert m.last_route == (
         "eager, because tensors are on cpu, not CUDA, without Triton's interpreter "
         "(TRITON_INTERPRET=1 when triton is imported)"
     )
@@ -408,7 +408,7 @@ def test_the_kernel_gets_the_dropout_that_fairseqs_dropout_would_apply(kernel):
     m.dropout_module.make_generation_fast_("attention", retain_dropout=True)
     m.eval()(x, x, x, need_weights=False)
     assert [c["dropout_p"] for c in kernel.calls] == [0.3, 0.0, 0.3]
-    assert m.last_kernel == FUSED
+    assert m.last_route == FUSED
 
 
 def test_the_decoder_chains_causal_mask_is_made_in_the_kernel(kernel):
@@ -635,7 +635,7 @@ def test_auto_never_builds_the_triton_route_until_a_measurement_exists(kernel, m
     assert type(model.decoder.layers[0].self_attn) is RealformerMultiheadAttention
     src, src_lengths, tgt = random_batch(dictionary)
     model(src, src_lengths, tgt)  # float32: not a measured dtype
-    assert first.last_kernel == (
+    assert first.last_route == (
         "eager, because auto: torch.float32 is not a dtype of its measured triton rule"
     )
 

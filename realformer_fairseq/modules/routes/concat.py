@@ -2,18 +2,14 @@
 over the chain's concatenated queries and keys, never a ``T x T`` stream where it runs.
 """
 
-import logging
 from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .eager import RealformerMultiheadAttention
+from .eager import Attended, Carried, Heads, RealformerMultiheadAttention
 from .rules import ConcatRule, rule_for_this_machine
-from .shared import warn_once
-
-logger = logging.getLogger(__name__)
 
 # torch's SDPBackend numbering, as torch._fused_sdp_choice returns it
 _SDPA_KERNELS = {0: "math", 1: "flash", 2: "efficient", 3: "cudnn", 4: "overrideable"}
@@ -110,91 +106,59 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
         self.auto_fp16 = rule is not None and torch.float16 in rule.dtypes
         self.auto_bf16 = rule is not None and torch.bfloat16 in rule.dtypes
         self.auto_float32 = rule is not None and torch.float32 in rule.dtypes
-        # the last kernel logged, in a list for the same reason as _calls
-        self._last_kernel = [""]
 
-    def forward(
+    def carries_queries(self) -> bool:
+        return True
+
+    def why_not(
         self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-        prev_attn_scores: Optional[Tensor] = None,
-        layer_idx: int = 0,
-        prev_attn_queries: Optional[Tensor] = None,
-        prev_attn_keys: Optional[Tensor] = None,
-    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-        """As :meth:`RealformerMultiheadAttention.forward`, with the concat phase's carried
-        queries and keys in and out: returns ``(attn, attn_weights, attn_scores,
-        attn_queries, attn_keys)``, where either ``attn_scores`` (eager phase) or
-        ``attn_queries`` and ``attn_keys`` (concat phase) are set."""
-        if before_softmax:
-            raise ValueError("use the returned attn_scores instead of before_softmax")
-        if need_head_weights:
-            need_weights = True
-        if not torch.jit.is_scripting():
-            self._calls[0] += 1
-        tgt_len, bsz, embed_dim = query.size()
-        assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
-        q, k, v, key_padding_mask, kv_bsz = self._project_heads(
-            query, key, value, key_padding_mask, incremental_state, static_kv
-        )
-        if prev_attn_scores is not None:  # the chain is in its eager phase
-            if not torch.jit.is_scripting():
-                self._last_kernel[0] = "eager, the chain's stream"
-            return self._eager_route(
-                q, k, v, prev_attn_scores, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
-                need_weights, need_head_weights,
-            )  # fmt: skip
+        heads: Heads,
+        carried: Carried,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+    ) -> Optional[str]:
+        """Why this call cannot run fused (None where it may: :meth:`attend` then asks torch for
+        a fused kernel, and runs the chain's eager phase where the stream is formed)."""
+        if heads.prev_attn_scores is not None:
+            return None
+        return self._why_not_fused(
+            heads.q, heads.bsz, heads.kv_bsz, heads.k.size(1), heads.layer_idx,
+            heads.need_weights, heads.attn_mask, self._dropout_p(),
+        )  # fmt: skip
 
-        queries = q if prev_attn_queries is None else torch.cat([prev_attn_queries, q], dim=-1)
-        keys = k if prev_attn_keys is None else torch.cat([prev_attn_keys, k], dim=-1)
-        src_len = k.size(1)
-        dropout_p = 0.0
-        if self.training or self.dropout_module.apply_during_inference:
-            dropout_p = self.dropout_module.p
-        reason = self._why_not_fused(
-            q, bsz, kv_bsz, src_len, layer_idx, need_weights, attn_mask, dropout_p
-        )
+    def attend(self, heads: Heads, carried: Carried) -> Attended:
+        """``(attn, attn_weights, attn_scores, attn_queries, attn_keys)``: either
+        ``attn_scores`` (eager phase) or ``attn_queries`` and ``attn_keys`` (concat phase) set."""
+        if heads.prev_attn_scores is not None:  # the chain is in its eager phase
+            if not torch.jit.is_scripting():
+                self._last_route[0] = "eager, the chain's stream"
+            return self._eager_route(heads, self.one_stream_per_chain)
+        queries, keys = self._concatenated(heads, carried)
+        q, v, layer_idx = heads.q, heads.v, heads.layer_idx
+        bsz, kv_bsz, tgt_len, src_len = heads.bsz, heads.kv_bsz, q.size(1), heads.k.size(1)
+        dropout_p = self._dropout_p()
         fill = self.mask_value
         if q.dtype == torch.float16:
             fill = self.fp16_mask_value
-        kernel = -1
-        mask: Optional[Tensor] = None
-        q4, k4, v4 = queries, keys, v
-        if reason == "":
-            mask = self._additive_mask(
-                key_padding_mask, attn_mask, kv_bsz, tgt_len, src_len, q, fill
-            )
-            q4, k4, v4 = self._heads_first(queries, keys, v, bsz, kv_bsz, tgt_len)
-            scale = 1.0 / float(layer_idx + 1) if self.residual_attention_mode == "mean" else 1.0
+        mask = self._additive_mask(
+            heads.key_padding_mask, heads.attn_mask, kv_bsz, tgt_len, src_len, q, fill
+        )
+        q4, k4, v4 = self._heads_first(queries, keys, v, bsz, kv_bsz, tgt_len)
+        scale = 1.0 / float(layer_idx + 1) if self.residual_attention_mode == "mean" else 1.0
+        kernel = torch._fused_sdp_choice(q4, k4, v4, mask, dropout_p, False, scale=scale)
+        if kernel <= 0 and v4.size(-1) != q4.size(-1):
+            # kernels that need one head size for q, k and v (flash; all of them on CPU):
+            # zeros in front of the values, whose share of the output is then dropped
+            v4 = F.pad(v4, (q4.size(-1) - v4.size(-1), 0))
             kernel = torch._fused_sdp_choice(q4, k4, v4, mask, dropout_p, False, scale=scale)
-            if kernel <= 0 and v4.size(-1) != q4.size(-1):
-                # kernels that need one head size for q, k and v (flash; all of them on CPU):
-                # zeros in front of the values, whose share of the output is then dropped
-                v4 = F.pad(v4, (q4.size(-1) - v4.size(-1), 0))
-                kernel = torch._fused_sdp_choice(q4, k4, v4, mask, dropout_p, False, scale=scale)
-            if kernel <= 0:
-                reason = "no fused kernel for these shapes and dtype (SDPA would use math)"
-        if reason != "":
+        if kernel <= 0:
             if not torch.jit.is_scripting():
-                self._log_kernel(-1, reason, layer_idx)
-            raw_scores, attn_scores = self._stream_of_parts(queries, keys, q, k, bsz, kv_bsz)
-            attn, attn_weights = self._attend_stream(
-                attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
-                need_weights, need_head_weights,
-            )  # fmt: skip
-            return attn, attn_weights, attn_scores, None, None
+                self._fell_back(
+                    "no fused kernel for these shapes and dtype (SDPA would use math)", layer_idx
+                )
+            return self._eager_of_parts(heads, queries, keys)
 
         if not torch.jit.is_scripting():
-            self._log_kernel(kernel, "", layer_idx)
-        scale = 1.0 / float(layer_idx + 1) if self.residual_attention_mode == "mean" else 1.0
+            self._took_kernel(kernel, layer_idx)
         out = F.scaled_dot_product_attention(
             q4, k4, v4, attn_mask=mask, dropout_p=dropout_p, scale=scale
         )
@@ -206,6 +170,46 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
             )
         attn = self._heads_back(out, bsz, kv_bsz, tgt_len)
         return self._merge_heads(attn, tgt_len, bsz), None, None, queries, keys
+
+    def fall_back(self, heads: Heads, carried: Carried) -> Attended:
+        """The eager route from the chain's concatenated parts: the stream formed once."""
+        queries, keys = self._concatenated(heads, carried)
+        return self._eager_of_parts(heads, queries, keys)
+
+    def _concatenated(self, heads: Heads, carried: Carried) -> Tuple[Tensor, Tensor]:
+        """The chain's queries and keys with this layer's appended."""
+        queries, keys = heads.q, heads.k
+        prev_queries, prev_keys = carried.queries, carried.keys  # locals: TorchScript refines them
+        if prev_queries is not None:
+            queries = torch.cat([prev_queries, queries], dim=-1)
+        if prev_keys is not None:
+            keys = torch.cat([prev_keys, keys], dim=-1)
+        return queries, keys
+
+    def _eager_of_parts(self, heads: Heads, queries: Tensor, keys: Tensor) -> Attended:
+        raw_scores, attn_scores = self._stream_of_parts(
+            queries, keys, heads.q, heads.k, heads.bsz, heads.kv_bsz
+        )
+        attn, attn_weights = self._attend_stream(
+            attn_scores, raw_scores, heads.v, heads.key_padding_mask, heads.attn_mask, heads.bsz,
+            heads.kv_bsz, heads.layer_idx, heads.need_weights, heads.need_head_weights,
+        )  # fmt: skip
+        return attn, attn_weights, attn_scores, None, None
+
+    def _dropout_p(self) -> float:
+        """The attention dropout of this call (0 where fairseq's dropout would not drop)."""
+        if self.training or self.dropout_module.apply_during_inference:
+            return self.dropout_module.p
+        return 0.0
+
+    @torch.jit.unused
+    def _took_kernel(self, kernel: int, layer_idx: int):
+        """Record torch's SDPA backend ``kernel`` as what this call ran."""
+        self._took(f"fused SDPA, {_SDPA_KERNELS[kernel]}", layer_idx)
+
+    @torch.jit.unused
+    def says_fallbacks(self) -> bool:
+        return self.residual_attention_impl == "concat"  # auto falls back by design
 
     def _fully_masked_rows_as_eager(
         self, out: Tensor, mask: Tensor, fill: float, v4: Tensor
@@ -240,8 +244,8 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
         need_weights: bool,
         attn_mask: Optional[Tensor],
         dropout_p: float,
-    ) -> str:
-        """Why this call runs the eager route ("" where the fused attention may run)."""
+    ) -> Optional[str]:
+        """Why this call runs the eager route (None where the fused attention may run)."""
         if need_weights:
             return "the attention probabilities are asked for (need_weights)"
         if dropout_p > 0.0 and q.device.type == "cpu":
@@ -254,7 +258,7 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
             layer_idx, src_len, q
         ):
             return "auto: its measured rule runs the eager route here"
-        return ""
+        return None
 
     def _additive_mask(
         self,
@@ -319,27 +323,6 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
             stream = self.add_to_stream(raw, stream)
         raw_scores = self.raw_scores(q, k, bsz, kv_bsz)
         return raw_scores, self.add_to_stream(raw_scores, stream)
-
-    @torch.jit.unused
-    def _log_kernel(self, kernel: int, reason: str, layer_idx: int):
-        """One debug line each time this module's kernel (or the reason for eager) changes:
-        ``kernel`` is torch's SDPA backend number, ``-1`` with a ``reason`` for eager."""
-        what = f"eager, because {reason}" if reason else f"fused SDPA, {_SDPA_KERNELS[kernel]}"
-        if what != self._last_kernel[0]:
-            self._last_kernel[0] = what
-            logger.debug(
-                "residual attention, %s route, layer %d of its chain: %s",
-                self.residual_attention_impl, layer_idx, what,
-            )  # fmt: skip
-        if reason and self.residual_attention_impl == "concat":
-            warn_once(
-                logger, "--residual-attention-impl concat: runs the eager route where %s", reason
-            )
-
-    @property
-    def last_kernel(self) -> str:
-        """What the last forward ran (``"fused SDPA, flash"``, ``"eager, because ..."``)."""
-        return self._last_kernel[0]
 
 
 def stream_of(attn_queries: Tensor, attn_keys: Tensor) -> Tensor:

@@ -7,7 +7,7 @@ raw, unmasked, float32 running sum ``S_l = S_{l-1} + Q_l K_l^T / sqrt(d)``.
 """
 
 import logging
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 from fairseq.modules import MultiheadAttention
@@ -15,9 +15,37 @@ from torch import Tensor
 
 from ...settings import RESIDUAL_ATTENTION_MODES
 from .kept_stream import gradient_wanted, kept_stream_attention, why_plain_route
-from .shared import MASK_VALUE, warn_kept_own
+from .shared import MASK_VALUE, warn_kept_own, warn_once
 
 logger = logging.getLogger(__name__)
+
+
+class Heads(NamedTuple):
+    """One call's projected heads and what every route needs with them."""
+
+    q: Tensor  # (bsz*heads, tgt_len, head_dim), scaled by head_dim ** -0.5
+    k: Tensor  # (kv_bsz*heads, src_len, head_dim)
+    v: Tensor  # (kv_bsz*heads, src_len, head_dim)
+    prev_attn_scores: Optional[Tensor]  # (bsz*heads, tgt_len, src_len), the stream so far
+    key_padding_mask: Optional[Tensor]  # (kv_bsz, src_len), True at padded keys
+    attn_mask: Optional[Tensor]  # (tgt_len, src_len), additive
+    bsz: int
+    kv_bsz: int  # bsz / beam_size where the beams of a sentence share its encoder keys
+    layer_idx: int  # position in the chain, for the running mean
+    need_weights: bool
+    need_head_weights: bool
+
+
+class Carried(NamedTuple):
+    """The concat route's chain: queries ``(bsz*heads, tgt_len, l*head_dim)`` and keys
+    ``(kv_bsz*heads, src_len, l*head_dim)`` of the earlier layers (None on other routes)."""
+
+    queries: Optional[Tensor]
+    keys: Optional[Tensor]
+
+
+# attn, attn_weights, attn_scores, attn_queries, attn_keys
+Attended = Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]
 
 
 class RealformerMultiheadAttention(MultiheadAttention):
@@ -90,8 +118,10 @@ class RealformerMultiheadAttention(MultiheadAttention):
         # a list, not an int attribute: assigning to a Module attribute goes through
         # nn.Module.__setattr__, a measurable cost per incremental decoding step
         self._calls = [0]
+        # what the last forward ran (last_route), in a list for the same reason
+        self._last_route = [""]
 
-    __jit_unused_properties__ = ["kept_stream"]
+    __jit_unused_properties__ = ["kept_stream", "last_route", "last_kernel"]
 
     @property
     def calls(self) -> int:
@@ -122,16 +152,21 @@ class RealformerMultiheadAttention(MultiheadAttention):
         layer_idx: int = 0,
         prev_attn_queries: Optional[Tensor] = None,
         prev_attn_keys: Optional[Tensor] = None,
-    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    ) -> Attended:
         """Input shape: Time x Batch x Channel (as fairseq).
 
-        Returns ``attn`` (tgt_len, bsz, embed_dim), the attention weights as
-        fairseq returns them (or ``None``), ``attn_scores``, the float32
-        running sum of raw scores ``(bsz * num_heads, tgt_len, src_len)``, and None, None
-        (the concat route's queries and keys, which this route never carries).
+        Returns ``attn`` (tgt_len, bsz, embed_dim), the attention weights as fairseq returns
+        them (or ``None``), ``attn_scores``, the float32 running sum of raw scores
+        ``(bsz * num_heads, tgt_len, src_len)``, and the concat route's carried queries and
+        keys (None on every other route). The route runs where :meth:`why_not` has no reason,
+        else the eager route (:meth:`fall_back`), the reason logged (:meth:`_fell_back`).
         """
-        if prev_attn_queries is not None or prev_attn_keys is not None:
-            raise ValueError("the eager route carries no concatenated queries and keys")
+        carried = Carried(prev_attn_queries, prev_attn_keys)
+        if not self.carries_queries() and (carried.queries is not None or carried.keys is not None):
+            raise ValueError(
+                "the " + self.residual_attention_impl + " route carries no concatenated queries "
+                "and keys"
+            )
         if before_softmax:
             raise ValueError("use the returned attn_scores instead of before_softmax")
         if need_head_weights:
@@ -143,82 +178,127 @@ class RealformerMultiheadAttention(MultiheadAttention):
         q, k, v, key_padding_mask, kv_bsz = self._project_heads(
             query, key, value, key_padding_mask, incremental_state, static_kv
         )
-        return self._eager_route(
+        heads = Heads(
             q, k, v, prev_attn_scores, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
             need_weights, need_head_weights,
         )  # fmt: skip
+        reason = self.why_not(heads, carried, incremental_state)
+        if reason is not None:
+            if not torch.jit.is_scripting():
+                self._fell_back(reason, layer_idx)
+            return self.fall_back(heads, carried)
+        return self.attend(heads, carried)
 
-    def _eager_route(
+    # ---------------------------------------------------------------- what a route overrides
+
+    def carries_queries(self) -> bool:
+        """Whether the route carries the chain's queries and keys (the concat route)."""
+        return False
+
+    def why_not(
         self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        prev_attn_scores: Optional[Tensor],
-        key_padding_mask: Optional[Tensor],
-        attn_mask: Optional[Tensor],
-        bsz: int,
-        kv_bsz: int,
-        layer_idx: int,
-        need_weights: bool,
-        need_head_weights: bool,
-    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-        """The eager route from the projected heads on: this layer's raw scores added to the
-        stream, the masked softmax, the values and the output projection; the five values of
-        ``forward`` (the queries and keys None). Autograd keeps each layer's probabilities;
-        where ``one_stream_per_chain`` is set (off by default), the chain keeps one stream for
-        backward instead (:mod:`.kept_stream`), except where a
-        reason it says once keeps the plain route."""
+        heads: Heads,
+        carried: Carried,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+    ) -> Optional[str]:
+        """Why this route cannot run this call (None where it can): the eager route then runs
+        it (:meth:`fall_back`)."""
+        return None
+
+    def attend(self, heads: Heads, carried: Carried) -> Attended:
+        """This route's attention from the projected heads on: the five values of
+        :meth:`forward`. The eager route: this layer's raw scores added to the stream, the
+        masked softmax, the values and the output projection; autograd keeps each layer's
+        probabilities, or, where ``one_stream_per_chain`` is set, the chain keeps one stream
+        (:mod:`.kept_stream`), but where a reason it says once keeps the plain route."""
+        return self._eager_route(heads, self.one_stream_per_chain)
+
+    def fall_back(self, heads: Heads, carried: Carried) -> Attended:
+        """The call :meth:`why_not` refused, on the eager route (autograd keeps what it needs)."""
+        return self._eager_route(heads, False)
+
+    # ---------------------------------------------------------------- the eager route
+
+    def _eager_route(self, heads: Heads, one_stream_per_chain: bool) -> Attended:
         if not torch.jit.is_scripting():
-            if self.one_stream_per_chain:
-                kept = self._kept_stream_route(
-                    q, k, v, prev_attn_scores, key_padding_mask, attn_mask, bsz, kv_bsz,
-                    layer_idx, need_weights, need_head_weights,
-                )  # fmt: skip
+            if one_stream_per_chain:
+                kept = self._kept_stream_route(heads)
                 if kept is not None:
                     return kept[0], kept[1], kept[2], None, None
-        raw_scores = self.raw_scores(q, k, bsz, kv_bsz)
-        attn_scores = self.add_to_stream(raw_scores, prev_attn_scores)
+        raw_scores = self.raw_scores(heads.q, heads.k, heads.bsz, heads.kv_bsz)
+        attn_scores = self.add_to_stream(raw_scores, heads.prev_attn_scores)
         attn, attn_weights = self._attend_stream(
-            attn_scores, raw_scores, v, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
-            need_weights, need_head_weights,
+            attn_scores, raw_scores, heads.v, heads.key_padding_mask, heads.attn_mask, heads.bsz,
+            heads.kv_bsz, heads.layer_idx, heads.need_weights, heads.need_head_weights,
         )  # fmt: skip
         return attn, attn_weights, attn_scores, None, None
 
     @torch.jit.unused
-    def _kept_stream_route(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        prev_attn_scores: Optional[Tensor],
-        key_padding_mask: Optional[Tensor],
-        attn_mask: Optional[Tensor],
-        bsz: int,
-        kv_bsz: int,
-        layer_idx: int,
-        need_weights: bool,
-        need_head_weights: bool,
-    ) -> Optional[Tuple[Tensor, Optional[Tensor], Tensor]]:
+    def _kept_stream_route(self, heads: Heads) -> Optional[Tuple[Tensor, Optional[Tensor], Tensor]]:
         """``(attn, attn_weights, attn_scores)`` of the eager route with the chain's one kept
         stream, or None where the plain route runs (the reason said once where a gradient is
         wanted)."""
-        tensors = [q, k, v, prev_attn_scores]
+        tensors = [heads.q, heads.k, heads.v, heads.prev_attn_scores]
         if not gradient_wanted(tensors):
             return None  # nothing is kept for backward
-        reason = why_plain_route(self, tensors, attn_mask, bsz, kv_bsz)
+        reason = why_plain_route(self, tensors, heads.attn_mask, heads.bsz, heads.kv_bsz)
         if reason is not None:
             warn_kept_own(reason)
             return None
         attn, attn_scores, probabilities = kept_stream_attention(
-            self, q, k, v, prev_attn_scores, key_padding_mask, attn_mask, layer_idx
-        )
+            self, heads.q, heads.k, heads.v, heads.prev_attn_scores, heads.key_padding_mask,
+            heads.attn_mask, heads.layer_idx,
+        )  # fmt: skip
         tgt_len, src_len = attn_scores.size(1), attn_scores.size(2)
         attn_weights: Optional[Tensor] = None
-        if need_weights:
+        if heads.need_weights:
             attn_weights = self._weights_as_fairseq(
-                probabilities, bsz, tgt_len, src_len, need_head_weights
+                probabilities, heads.bsz, tgt_len, src_len, heads.need_head_weights
             )
-        return self._merge_heads(attn, tgt_len, bsz), attn_weights, attn_scores
+        return self._merge_heads(attn, tgt_len, heads.bsz), attn_weights, attn_scores
+
+    # ---------------------------------------------------------------- what the route took
+
+    @torch.jit.unused
+    def _route_logger(self) -> logging.Logger:
+        return logging.getLogger(type(self).__module__)
+
+    @torch.jit.unused
+    def _took(self, what: str, layer_idx: int):
+        """Record what this call ran (:attr:`last_route`): one debug line where it changed."""
+        if what != self._last_route[0]:
+            self._last_route[0] = what
+            self._route_logger().debug(
+                "residual attention, %s route, layer %d of its chain: %s",
+                self.residual_attention_impl, layer_idx, what,
+            )  # fmt: skip
+
+    @torch.jit.unused
+    def _fell_back(self, reason: str, layer_idx: int):
+        """Record the eager route taken for ``reason``; said once per process at WARNING where
+        the route says its fallbacks (:meth:`says_fallbacks`)."""
+        self._took("eager, because " + reason, layer_idx)
+        if self.says_fallbacks():
+            warn_once(
+                self._route_logger(),
+                "--residual-attention-impl %s: runs the eager route where %s",
+                self.residual_attention_impl, reason,
+            )  # fmt: skip
+
+    @torch.jit.unused
+    def says_fallbacks(self) -> bool:
+        """Whether a call this route cannot run is said at WARNING (once per reason)."""
+        return True
+
+    @property
+    def last_route(self) -> str:
+        """What the last forward ran: the fused kernel, or ``"eager, because ..."``."""
+        return self._last_route[0]
+
+    @property
+    def last_kernel(self) -> str:
+        """The former name of :attr:`last_route`."""
+        return self._last_route[0]
 
     def _weights_as_fairseq(
         self, probabilities: Tensor, bsz: int, tgt_len: int, src_len: int, per_head: bool

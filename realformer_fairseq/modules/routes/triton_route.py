@@ -13,9 +13,9 @@ from torch import Tensor
 
 from ...errors import RealformerConfigError
 from ...settings import TRITON_INSTALL, TRITON_MISSING, triton_installed
-from .eager import RealformerMultiheadAttention
+from .eager import Attended, Carried, Heads, RealformerMultiheadAttention
 from .rules import TritonRule, triton_rule_for_this_machine
-from .shared import stream_dtype, warn_once
+from .shared import dropout_active, stream_dtype, warn_once
 from .triton_launch import MAX_HEAD_DIM
 
 logger = logging.getLogger(__name__)
@@ -65,7 +65,9 @@ def kernel_module():
 
 def warn_eager(reason: str):
     """The one WARNING line per process of a reason that keeps this route off the kernel."""
-    warn_once(logger, "--residual-attention-impl triton: runs the eager route where %s", reason)
+    warn_once(
+        logger, "--residual-attention-impl %s: runs the eager route where %s", "triton", reason
+    )
 
 
 class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
@@ -113,80 +115,53 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         self.residual_attention_impl = "triton"
         # plain attributes (TorchScript reads no module globals; it never runs the kernel)
         self.rule_dtypes = [str(d) for d in rule.dtypes] if rule is not None else []
-        # what the last forward ran, in a list for the same reason as _calls
-        self._last_kernel = [""]
         # True: a chain of kernel calls keeps one stream for backward and rebuilds the earlier
         # ones (triton_function.residual_attention); False: every layer keeps its
         # own (what a second backward through one graph, retain_graph=True, needs)
         self.one_stream_per_chain = True
 
-    def forward(
+    def why_not(
         self,
-        query: Tensor,
-        key: Optional[Tensor],
-        value: Optional[Tensor],
-        key_padding_mask: Optional[Tensor] = None,
-        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]] = None,
-        need_weights: bool = True,
-        static_kv: bool = False,
-        attn_mask: Optional[Tensor] = None,
-        before_softmax: bool = False,
-        need_head_weights: bool = False,
-        prev_attn_scores: Optional[Tensor] = None,
-        layer_idx: int = 0,
-        prev_attn_queries: Optional[Tensor] = None,
-        prev_attn_keys: Optional[Tensor] = None,
-    ) -> Tuple[Tensor, Optional[Tensor], Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
-        """As :meth:`RealformerMultiheadAttention.forward`: ``(attn, attn_weights,
-        attn_scores, None, None)``; on the kernel, ``attn_weights`` (where asked for) are the
-        softmax of the masked stream it returns, as the eager route's."""
-        if prev_attn_queries is not None or prev_attn_keys is not None:
-            raise ValueError("the triton route carries no concatenated queries and keys")
-        if before_softmax:
-            raise ValueError("use the returned attn_scores instead of before_softmax")
-        if need_head_weights:
-            need_weights = True
-        if not torch.jit.is_scripting():
-            self._calls[0] += 1
-        tgt_len, bsz, embed_dim = query.size()
-        assert embed_dim == self.embed_dim, f"query dim {embed_dim} != {self.embed_dim}"
-        q, k, v, key_padding_mask, kv_bsz = self._project_heads(
-            query, key, value, key_padding_mask, incremental_state, static_kv
-        )
-        if not torch.jit.is_scripting():
-            reason = self._why_eager(q, bsz, kv_bsz, incremental_state, attn_mask)
-            self._log_route(reason, layer_idx)
-            if reason == "":
-                attn, attn_scores = self._fused(
-                    q, k, v, prev_attn_scores, key_padding_mask, attn_mask, layer_idx
-                )
-                attn_weights: Optional[Tensor] = None
-                if need_weights:  # fairseq's alignment layer: from the kernel's stream
-                    probabilities = self._probabilities(
-                        attn_scores, key_padding_mask, attn_mask, kv_bsz, layer_idx
-                    )
-                    attn_weights = self._weights_as_fairseq(
-                        probabilities, bsz, tgt_len, attn_scores.size(2), need_head_weights
-                    )
-                return self._merge_heads(attn, tgt_len, bsz), attn_weights, attn_scores, None, None
-        return self._eager_route(
-            q, k, v, prev_attn_scores, key_padding_mask, attn_mask, bsz, kv_bsz, layer_idx,
-            need_weights, need_head_weights,
+        heads: Heads,
+        carried: Carried,
+        incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
+    ) -> Optional[str]:
+        if torch.jit.is_scripting():
+            return "the model is scripted (TorchScript)"
+        return self._why_eager(heads, incremental_state)
+
+    @torch.jit.unused
+    def attend(self, heads: Heads, carried: Carried) -> Attended:
+        """The kernel; where asked for, ``attn_weights`` are the eager route's softmax of the
+        masked stream the kernel returns."""
+        self._took(FUSED, heads.layer_idx)
+        q, bsz, tgt_len = heads.q, heads.bsz, heads.q.size(1)
+        attn, attn_scores = self._fused(
+            q, heads.k, heads.v, heads.prev_attn_scores, heads.key_padding_mask, heads.attn_mask,
+            heads.layer_idx,
         )  # fmt: skip
+        attn_weights: Optional[Tensor] = None
+        if heads.need_weights:  # fairseq's alignment layer: from the kernel's stream
+            probabilities = self._probabilities(
+                attn_scores, heads.key_padding_mask, heads.attn_mask, heads.kv_bsz,
+                heads.layer_idx,
+            )  # fmt: skip
+            attn_weights = self._weights_as_fairseq(
+                probabilities, bsz, tgt_len, attn_scores.size(2), heads.need_head_weights
+            )
+        return self._merge_heads(attn, tgt_len, bsz), attn_weights, attn_scores, None, None
 
     @torch.jit.unused
     def _why_eager(
         self,
-        q: Tensor,
-        bsz: int,
-        kv_bsz: int,
+        heads: Heads,
         incremental_state: Optional[Dict[str, Dict[str, Optional[Tensor]]]],
-        attn_mask: Optional[Tensor],
-    ) -> str:
-        """Why this call runs the eager route ("" where the kernel runs)."""
+    ) -> Optional[str]:
+        """Why this call runs the eager route (None where the kernel runs)."""
+        q, attn_mask = heads.q, heads.attn_mask
         if incremental_state is not None:
             return "decoding incrementally (incremental_state)"
-        if bsz != kv_bsz:
+        if heads.bsz != heads.kv_bsz:
             return "the beams share the encoder's keys (set_beam_size)"
         if attn_mask is not None and attn_mask.requires_grad:
             return "the attention mask needs a gradient"
@@ -197,7 +172,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
             )
         if self.rule_dtypes and str(q.dtype) not in self.rule_dtypes:
             return f"auto: {q.dtype} is not a dtype of its measured triton rule"
-        return ""
+        return None
 
     @torch.jit.unused
     def _fused(
@@ -211,10 +186,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         layer_idx: int,
     ) -> Tuple[Tensor, Tensor]:
         """The kernel: ``(attn (bsz*heads, tgt_len, head_dim) in q's dtype, the new stream)``."""
-        dropout_p = 0.0
-        dropout = self.dropout_module
-        if dropout.p > 0 and (dropout.training or dropout.apply_during_inference):
-            dropout_p = float(dropout.p)  # where FairseqDropout.forward would drop
+        dropout_p = float(self.dropout_module.p) if dropout_active(self) else 0.0
         divisor = float(layer_idx + 1) if self.residual_attention_mode == "mean" else 1.0
         sdtype = stream_dtype(q.dtype)
         causal = (
@@ -244,27 +216,9 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
             one_stream_per_chain=self.one_stream_per_chain,
         )  # fmt: skip
 
-    @torch.jit.unused
-    def _log_route(self, reason: str, layer_idx: int):
-        """One debug line each time what this module runs changes; the eager route's reason
-        once per process at WARNING."""
-        what = f"eager, because {reason}" if reason else FUSED
-        if what != self._last_kernel[0]:
-            self._last_kernel[0] = what
-            logger.debug(
-                "residual attention, triton route, layer %d of its chain: %s", layer_idx, what
-            )
-        if reason:
-            warn_eager(reason)
-
     def __prepare_scriptable__(self):
         """``torch.jit.script`` calls this before scripting: the scripted model runs the eager
         route (the kernel is Python), said once."""
         warn_eager("the model is scripted (TorchScript)")
-        self._last_kernel[0] = "eager, because the model is scripted (TorchScript)"
+        self._last_route[0] = "eager, because the model is scripted (TorchScript)"
         return self
-
-    @property
-    def last_kernel(self) -> str:
-        """What the last forward ran (``"fused Triton kernel"`` or ``"eager, because ..."``)."""
-        return self._last_kernel[0]
