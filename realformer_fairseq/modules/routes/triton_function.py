@@ -128,7 +128,7 @@ class _ResidualAttention(torch.autograd.Function):
             )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, rowmax, rowsum, mask, kpm)
         # the stream, held by the link: handed to the next layer that reads it, which
-        # rebuilds it in its backward (kept_stream.StreamLink)
+        # rebuilds it in its backward (shared.StreamLink)
         ctx.link_in, ctx.link_out = link_in, link_out
         link_out.keep(stream)
         link_out.remember_scores(functools.partial(recomputed_scores, causal=causal), q, k)
@@ -225,7 +225,7 @@ def _gradient_writable(ctx, d_stream: Optional[Tensor], sdtype: torch.dtype) -> 
 def recomputed_scores(q: Tensor, k: Tensor, causal: bool) -> Tensor:
     """What the forward added to the stream, ``q k^T`` in the stream's dtype (0 after the
     diagonal where ``causal``), recomputed in torch: for a layer whose own backward does not
-    run (see ``kept_stream.StreamLink.take``)."""
+    run (see ``shared.StreamLink.take``)."""
     sdtype = stream_dtype(q.dtype)
     raw = torch.bmm(q.to(sdtype), k.to(sdtype).transpose(1, 2))
     return raw.tril_() if causal else raw

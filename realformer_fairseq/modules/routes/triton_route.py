@@ -76,7 +76,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
     call and the same five values (``attn``, ``attn_weights``, ``attn_scores``, None, None),
     the same projections (``_project_heads``) and output projection (``_merge_heads``).
 
-    ``rule``: a measured :class:`~realformer_fairseq.modules.route_rules.TritonRule` where
+    ``rule``: a measured :class:`~.rules.TritonRule` where
     ``--residual-attention-impl auto`` built this route (the kernel runs in its dtypes only);
     None for an explicit ``triton``."""
 
