@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ...settings import RESIDUAL_ATTENTION_MODES
 from .kept_stream import gradient_wanted, kept_stream_attention, why_plain_route
-from .shared import MASK_VALUE, warn_kept_own, warn_once
+from .shared import MASK_VALUE, chain_mismatch, warn_kept_own, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -425,12 +425,7 @@ class RealformerMultiheadAttention(MultiheadAttention):
         if prev_attn_scores is not None:
             if prev_attn_scores.shape != attn_scores.shape:
                 raise ValueError(
-                    "residual attention chain mismatch: previous layer scores "
-                    + str(list(prev_attn_scores.shape))
-                    + " vs this layer's "
-                    + str(list(attn_scores.shape))
-                    + " (bsz*heads, tgt_len, src_len); "
-                    + "all layers of a chain need the same number of heads"
+                    chain_mismatch(list(prev_attn_scores.shape), list(attn_scores.shape))
                 )
             attn_scores.add_(prev_attn_scores.to(attn_scores.dtype))
         return attn_scores

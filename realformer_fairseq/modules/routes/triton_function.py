@@ -16,6 +16,7 @@ from .shared import (
     FORWARD_IN_BACKWARD,
     MASK_VALUE,
     StreamLink,
+    chain_mismatch,
     forward_runs_in_backward,
     storage_unshared,
     stream_dtype,
@@ -357,11 +358,7 @@ def _check(
         raise ValueError(f"bsz*heads {bh} is not a multiple of num_heads {num_heads}")
     if prev is not None:
         if prev.shape != (bh, tgt_len, src_len):
-            raise ValueError(
-                "residual attention chain mismatch: previous layer scores "
-                f"{list(prev.shape)} vs this layer's {[bh, tgt_len, src_len]} "
-                "(bsz*heads, tgt_len, src_len)"
-            )
+            raise ValueError(chain_mismatch(list(prev.shape), [bh, tgt_len, src_len]))
         if prev.dtype != stream_dtype(q.dtype):
             raise ValueError(
                 f"prev_attn_scores must be {stream_dtype(q.dtype)} for {q.dtype} inputs, "

@@ -200,15 +200,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
             attn_mask = attn_mask.to(sdtype).clamp(min=self.mask_value)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
-        if prev_attn_scores is not None:
-            expected = (q.size(0), q.size(1), k.size(1))
-            if tuple(prev_attn_scores.shape) != expected:
-                raise ValueError(
-                    "residual attention chain mismatch: previous layer scores "
-                    f"{list(prev_attn_scores.shape)} vs this layer's {list(expected)} "
-                    "(bsz*heads, tgt_len, src_len); all layers of a chain need the same number "
-                    "of heads"
-                )
+        if prev_attn_scores is not None:  # its shape: checked by residual_attention
             prev_attn_scores = prev_attn_scores.to(sdtype)
         return kernel_module().residual_attention(
             q, k, v, prev_attn_scores, key_padding_mask, attn_mask, self.num_heads,
