@@ -101,3 +101,19 @@ def test_every_route_name_is_a_flag_value_and_nothing_else_is():
     assert declared["help"].startswith(
         "how the residual score chains are computed (the same values): eager: materialises"
     )
+
+
+def test_one_name_for_one_stream_per_chain_and_for_what_a_call_ran():
+    eager = RealformerMultiheadAttention(16, 2, "sum", self_attention=True)
+    assert eager.one_stream_per_chain is False  # off on the eager route
+    eager.kept_stream = True  # the eager route's former name still switches it
+    assert eager.one_stream_per_chain is True and eager.kept_stream is True
+    concat = ROUTES["concat"](16, 2, "sum", self_attention=True)
+    x = torch.randn(5, 2, 16)
+    with torch.no_grad():
+        concat(x, x, x, need_weights=True)
+    assert (
+        concat.last_route == "eager, because the attention probabilities are asked for "
+        "(need_weights)"
+    )
+    assert concat.last_kernel == concat.last_route  # the former name
