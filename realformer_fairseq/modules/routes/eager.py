@@ -68,7 +68,10 @@ class RealformerMultiheadAttention(MultiheadAttention):
     ``prev_value``, ``prev_key_padding_mask``) is fairseq's, so the inherited
     ``reorder_incremental_state`` serves beam search unchanged.
 
-    ``calls`` counts forwards through this path; tests use it to prove that the
+    Every route subclasses it: ``forward`` is this class's for all of them (the preamble and
+    the projections once), and a route overrides :meth:`why_not`, :meth:`attend` and, where
+    its fallback is not the plain eager route, :meth:`fall_back` (docs/reference.md, "Adding
+    a route"). ``calls`` counts forwards through this path; tests use it to prove that the
     residual path ran.
     """
 
