@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ...settings import RESIDUAL_ATTENTION_MODES
 from .kept_stream import gradient_wanted, kept_stream_attention, why_plain_route
-from .shared import MASK_VALUE, chain_mismatch, warn_kept_own, warn_once
+from .shared import MASK_VALUE, chain_mismatch, stream_dtype, warn_kept_own, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -423,8 +423,8 @@ class RealformerMultiheadAttention(MultiheadAttention):
         (float64 stays float64); the sum is added in place into this layer's fresh product
         (autograd keeps ``q`` and ``k`` for the product's backward, not the product)."""
         attn_scores = raw_scores
-        if raw_scores.dtype != torch.float32 and raw_scores.dtype != torch.float64:
-            attn_scores = raw_scores.float()
+        if raw_scores.dtype != stream_dtype(raw_scores.dtype):
+            attn_scores = raw_scores.to(stream_dtype(raw_scores.dtype))
         if prev_attn_scores is not None:
             if prev_attn_scores.shape != attn_scores.shape:
                 raise ValueError(
