@@ -117,3 +117,16 @@ def test_one_name_for_one_stream_per_chain_and_for_what_a_call_ran():
         "(need_weights)"
     )
     assert concat.last_kernel == concat.last_route  # the former name
+
+
+def test_the_routes_code_holds_no_issue_number_date_or_timing():
+    import re
+    from pathlib import Path
+
+    import realformer_fairseq.modules.routes as routes
+
+    files = sorted(Path(routes.__file__).parent.glob("*.py"))
+    assert len(files) == 10
+    history = re.compile(r"[Ii]ssue \d+|\b20\d\d-\d\d-\d\d\b|\d+(\.\d+)? ?(s|ms|seconds)\b")
+    found = [(p.name, m.group(0)) for p in files for m in history.finditer(p.read_text())]
+    assert found == []
