@@ -295,12 +295,8 @@ class RealformerMultiheadAttention(MultiheadAttention):
 
     @property
     def last_route(self) -> str:
-        """What the last forward ran: the fused kernel, or ``"eager, because ..."``."""
-        return self._last_route[0]
-
-    @property
-    def last_kernel(self) -> str:
-        """The former name of :attr:`last_route`."""
+        """What the last forward ran: the fused kernel, or ``"eager, because ..."`` ("" where
+        the route records nothing: the plain eager route)."""
         return self._last_route[0]
 
     def _weights_as_fairseq(

@@ -214,3 +214,8 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         warn_eager("the model is scripted (TorchScript)")
         self._last_route[0] = "eager, because the model is scripted (TorchScript)"
         return self
+
+    @property
+    def last_kernel(self) -> str:
+        """The former name of :attr:`last_route` (on the routes that record one)."""
+        return self._last_route[0]
