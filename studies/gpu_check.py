@@ -62,15 +62,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Dict, List, Optional
 
 import torch
 
 from realformer_fairseq.atomic_files import write_json_atomic
 from realformer_fairseq.settings import TRITON_INSTALL, triton_installed
 
-from . import concat_rule, route_precision, triton_cost
+from . import bench_trainer, concat_rule, gpu_cases, route_precision, triton_cost
 from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
-from .bench_models import Bench, dummy_dictionary, make_batch, quiet_route_logs
+from .bench_models import OPTIONAL_VARIANTS, VARIANTS, make_batch, quiet_route_logs
 from .runs import BIN, DEFAULT_DATA, REPO_ROOT, user_dir
 
 MODELS_60_12 = ("realformer_wmt_en_fr_60_12", "admin_transformer_wmt_en_fr_60_12")
@@ -93,8 +94,9 @@ FULL = dict(
                             precision_length=64, precision_dtypes=("float32", "fp16", "bf16"),
                             # in training, with attention dropout, at lengths that are no
                             # multiple of a block size, head size 64, chains of 6, run twice
-                            training=dict(lengths=(337, 811), dtypes=("fp16", "bf16"),
+                            training=dict(lengths=(45, 337, 811), dtypes=("fp16", "bf16"),
                                           dropout=0.1, embed=256, depth=6))),
+    cases=gpu_cases.CASES, timing=gpu_cases.TIMING,
 )  # fmt: skip
 SMOKE = dict(
     FULL, corpora=("newstest2013",), max_lines=600, bpe_merges=100, max_update=20,
@@ -117,6 +119,7 @@ SMOKE = dict(
                             # the interpreter: two blocks of 16, head size 16, chains of 2
                             training=dict(lengths=(17,), dtypes=("fp16", "bf16"), dropout=0.1,
                                           embed=64, depth=2))),
+    cases=gpu_cases.SMOKE_CASES, timing=gpu_cases.SMOKE_TIMING,
 )  # fmt: skip
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -221,28 +224,57 @@ def training_part(cfg, work: Path) -> dict:
     return result
 
 
-def speed_part(cfg, part=None, generation: bool = True) -> dict:
+def variant_bench(name: str, sizes: dict, dtype_name: str, device: str, dictionary):
+    """fairseq's Trainer on the variant's ``--arch`` and flags, as ``fairseq-train
+    --{dtype}`` builds it (``bench_trainer``): its ``train_step`` is the step timed."""
+    variant = {**VARIANTS, **OPTIONAL_VARIANTS}[name]
+    if variant.eager:
+        raise ValueError(f"{name}: fairseq's attention forced eager is no flag a user types")
+    argv = bench_trainer.trainer_argv(
+        "translation", variant.arch, sizes, dtype_name, 1024, device, variant.flags
+    )
+    return bench_trainer.TrainerBench(name, "translation", argv, dictionary)
+
+
+def generate(bench, dictionary, sample, length: int, beam: int = 5):
+    """Beam search with the output length pinned to ``length`` (``min_len = max_len``), so
+    that every variant decodes the same number of steps, even with random weights."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    generator = SequenceGenerator([bench.model], dictionary, beam_size=beam, max_len_a=0,
+                                  max_len_b=length, min_len=length)  # fmt: skip
+    bench.model.eval()
+    sample = bench.trainer._prepare_sample(sample)[0]  # on the model's device and dtype
+    hypos = generator.generate([bench.model], sample)
+    if {len(h[0]["tokens"]) for h in hypos} != {length + 1}:
+        raise RuntimeError(f"{bench.name}: generated length is not the pinned {length}")
+    return hypos
+
+
+def speed_part(cfg, part=None, generation: bool = True, on_row=lambda key, row: None) -> dict:
     """Each variant against the baseline (realformer vs vanilla) per size, dtype and sentence
-    length, interleaved; ``part`` (e.g. ``cfg["routes"]``) overrides sizes, lengths, batch,
-    repeats and variants."""
+    length, interleaved, each step fairseq's ``Trainer.train_step`` built from the flags;
+    ``part`` (e.g. ``cfg["routes"]``) overrides sizes, lengths, batch, repeats and variants;
+    ``on_row(key, row)`` as soon as a row is measured."""
     cfg = dict(cfg, **(part or {}))
     device, rows = cfg["device"], {}
-    dictionary = dummy_dictionary(cfg["vocab"])
+    dictionary = bench_trainer.dictionary_for("translation", cfg["vocab"])
+    step = bench_trainer.step_function_name()
     for size_name, sizes in cfg["sizes"].items():
-        for dtype_name, dtype in DTYPES.items():
-            benches = {v: Bench(v, sizes, dictionary, beam=5, device=device, dtype=dtype)
+        for dtype_name in DTYPES:
+            benches = {v: variant_bench(v, sizes, dtype_name, device, dictionary)
                        for v in cfg["variants"]}  # fmt: skip
             for length in cfg["lengths"]:
                 bsz = max(1, cfg["batch_tokens"] // length)
-                train = make_batch(dictionary, bsz, length, length, seed=1, device=device)
+                train = make_batch(dictionary, bsz, length, length, seed=1)
                 gen = make_batch(dictionary, min(bsz, cfg["gen_sentences"]), length, length,
-                                 seed=2, device=device)  # fmt: skip
+                                 seed=2)  # fmt: skip
                 for bench in benches.values():  # warm-up; ADMIN profiles on the first step
                     bench.train_step(train)
                     if generation:
-                        bench.generate(gen, length)
-                memory = {v: peak_bytes(lambda b=b: b.train_step(train), device) + b.persistent_bytes
-                          for v, b in benches.items()}  # fmt: skip
+                        generate(bench, dictionary, gen, length)
+                memory = {v: peak_bytes(lambda b=b: b.train_step(train), device)
+                          + b.persistent_bytes() for v, b in benches.items()}  # fmt: skip
                 wps = interleaved_rates(
                     {v: (lambda b=b: b.train_step(train)) for v, b in benches.items()},
                     {v: train["ntokens"] for v in benches}, cfg["repeats"], cfg["steps"], device,
@@ -250,10 +282,13 @@ def speed_part(cfg, part=None, generation: bool = True) -> dict:
                 sps = {v: [float("nan")] for v in benches}
                 if generation:
                     sps = interleaved_rates(
-                        {v: (lambda b=b: b.generate(gen, length)) for v, b in benches.items()},
+                        {v: (lambda b=b: generate(b, dictionary, gen, length))
+                         for v, b in benches.items()},
                         {v: gen["nsentences"] for v in benches}, cfg["repeats"], 1, device,
                     )  # fmt: skip
-                row = {"train_wps": wps, "gen_sents_per_s": sps, "peak_memory_bytes": memory,
+                row = {"step": step,
+                       "optimizer": {v: b.optimizer_name for v, b in benches.items()},
+                       "train_wps": wps, "gen_sents_per_s": sps, "peak_memory_bytes": memory,
                        "batch_sentences": bsz}  # fmt: skip
                 base, row["ratios"] = cfg["baseline"], {}
                 for v in cfg["variants"]:
@@ -265,7 +300,9 @@ def speed_part(cfg, part=None, generation: bool = True) -> dict:
                         }
                 row["kernels"] = route_kernels(benches)
                 row["predicted"] = predicted(cfg, sizes, length, row)
-                rows[f"{size_name} {dtype_name} len{length}"] = row
+                key = f"{size_name} {dtype_name} len{length}"
+                rows[key] = row
+                on_row(key, row)
             del benches
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
@@ -317,10 +354,12 @@ def route_kernels(benches) -> dict:
     }
 
 
-def routes_part(cfg) -> dict:
+def routes_part(cfg, on_row=lambda key, row: None) -> dict:
     """Part 4: the routes at model level, the switch depth per length, and precision."""
     routes = cfg["routes"]
-    result = {"models": speed_part(cfg, routes, generation=False), "rule": {}}
+    models = speed_part(cfg, routes, generation=False,
+                        on_row=lambda key, row: on_row(("models", key), row))  # fmt: skip
+    result = {"models": models, "rule": {}}
     for dtype_name in DTYPES:
         for layers in routes["rule_layers"]:
             args = concat_rule.parse_args([
@@ -334,11 +373,20 @@ def routes_part(cfg) -> dict:
                 concat_rule.measure(length, args.head_dims[0], max(1, args.tokens // length), args)
                 for length in args.lengths
             ]
-    result["triton"] = triton_part(cfg)
+            on_row(("rule", f"{dtype_name} L{layers}"), result["rule"][f"{dtype_name} L{layers}"])
+    result["triton"] = triton_part(cfg, on_row=lambda key, row: on_row(("triton",) + key, row))
     return result
 
 
-def triton_part(cfg) -> dict:
+def triton_skipped() -> Optional[str]:
+    if triton_installed():
+        return None
+    line = f"triton route: skipped, triton is not installed ({TRITON_INSTALL})"
+    print(line, flush=True)
+    return line
+
+
+def triton_part(cfg, on_row=lambda key, row: None) -> dict:
     """Part 4's triton route (``--residual-attention-impl triton``): training words/s and peak
     memory of ``realformer_triton`` and ``realformer_eager`` against ``vanilla`` at the routes'
     size, fp16 and bf16, at ``cfg["routes"]["triton"]["lengths"]``; and its errors against the
@@ -346,22 +394,33 @@ def triton_part(cfg) -> dict:
     float32, fp16 and bf16; float32 alone in the smoke run, whose interpreter is slow), which
     fail the check above the tolerance. Without triton: one line, and
     ``{"skipped": line}``."""
-    if not triton_installed():
-        line = f"triton route: skipped, triton is not installed ({TRITON_INSTALL})"
-        print(line, flush=True)
-        return {"skipped": line}
+    skipped = triton_skipped()
+    if skipped:
+        return {"skipped": skipped}
     part = dict(cfg["routes"], **cfg["routes"]["triton"])
-    training = part["training"]
-    return {
-        "models": speed_part(cfg, part, generation=False),
-        "precision": route_precision.triton_check(
-            cfg["device"], list(part["precision_dtypes"]), part["precision_length"]
-        ),
-        "training_precision": route_precision.triton_training_check(
-            cfg["device"], list(training["dtypes"]), tuple(training["lengths"]),
-            training["dropout"], training["embed"], training["depth"],
-        ),  # fmt: skip
-    }
+    models = speed_part(cfg, part, generation=False,
+                        on_row=lambda key, row: on_row(("models", key), row))  # fmt: skip
+    precision = route_precision.triton_check(
+        cfg["device"], list(part["precision_dtypes"]), part["precision_length"]
+    )
+    on_row(("precision",), precision)
+    return {"models": models, "precision": precision}
+
+
+def triton_training_part(cfg) -> dict:
+    """The triton route's exactness in training, first of a GPU run: attention dropout, head
+    size 64, chains of 6, at lengths that take each of the launch table's configurations on
+    this GPU (a short one and two long ones, no multiple of a block size), fp16 and bf16,
+    against float64 eager with the kernels' own masks, each run twice from one seed
+    (``route_precision.triton_training_check``). Without triton: one line, skipped."""
+    skipped = triton_skipped()
+    if skipped:
+        return {"skipped": skipped}
+    training = cfg["routes"]["triton"]["training"]
+    return route_precision.triton_training_check(
+        cfg["device"], list(training["dtypes"]), tuple(training["lengths"]),
+        training["dropout"], training["embed"], training["depth"],
+    )  # fmt: skip
 
 
 def print_predictions(routes: dict):
