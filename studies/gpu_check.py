@@ -69,7 +69,7 @@ import torch
 from realformer_fairseq.atomic_files import write_json_atomic
 from realformer_fairseq.settings import TRITON_INSTALL, triton_installed
 
-from . import bench_trainer, concat_rule, gpu_cases, route_precision, triton_cost
+from . import bench_trainer, concat_rule, gpu_cases, gpu_plan, route_precision, triton_cost
 from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
 from .bench_models import OPTIONAL_VARIANTS, VARIANTS, make_batch, quiet_route_logs
 from .runs import BIN, DEFAULT_DATA, REPO_ROOT, user_dir
@@ -122,6 +122,8 @@ SMOKE = dict(
     cases=gpu_cases.SMOKE_CASES, timing=gpu_cases.SMOKE_TIMING,
 )  # fmt: skip
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# what a plain run measures (gpu_plan.PARTS has them all, in run order)
+DEFAULT_PARTS = ("triton_training", "cases", "precision", "train", "speed", "routes")
 
 
 def run(cmds, logs):
@@ -448,15 +450,104 @@ def print_predictions(routes: dict):
             )
 
 
+class IncrementalReport:
+    """The run's JSON, written out whole (atomically) every time a row is measured, so that a
+    run killed part-way keeps every row it measured."""
+
+    def __init__(self, path: Path, data: Dict):
+        self.path, self.data = path, data
+        self.write()
+
+    def put(self, keys, value):
+        node = self.data
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+        self.write()
+
+    def write(self):
+        write_json_atomic(self.path, self.data)
+
+
+def case_predictor(cfg) -> Callable[[Dict], Dict]:
+    """``studies.triton_cost``'s prediction for a case row on this device (the H100's ceilings
+    on anything else, said), beside the measured speed ratio."""
+    fit = triton_cost.fit_and_check()
+    floor = fit["fitted"]["torch_launch_floor_s"] if fit else triton_cost.LAUNCH_FLOOR_S["torch"]
+    gpu_name = triton_cost.gpu_for(device_name(cfg["device"]))[0]
+    table_name = "H200" if gpu_name == "H200" else "H100 SXM"
+
+    def predict(row):
+        case = dict(cfg["cases"][row["case"]], sizes=row["sizes"])
+        p = triton_cost.case_route_prediction(row["case"], case, row["dtype"], row["route"],
+                                              table_name, floor)  # fmt: skip
+        out = {"gpu": gpu_name, **p}
+        if p["modelled"]:
+            out["measured_over_predicted_speed"] = row["ratios"]["train_wps"] / p["speed"]
+        return out
+
+    return predict
+
+
+def cases_part(cfg, report: IncrementalReport, budget: gpu_plan.Budget,
+               estimates: Dict[str, float], routes=tuple(gpu_cases.ROUTES)) -> Dict:  # fmt: skip
+    """Every case of ``cfg["cases"]`` that fits the budget, each row written out as soon as it
+    is measured (``report["cases"][key]``)."""
+    predict = case_predictor(cfg)
+    rows = {}
+    print(f"| case dtype route | optimizer | baseline's SDPA | train words/s vs baseline: measured / "
+          f"predicted ({triton_cost.gpu_for(device_name(cfg['device']))[0]}) = ratio | peak memory vs "
+          f"baseline |\n|---|---|---|---|---|", flush=True)  # fmt: skip
+    for name, case in cfg["cases"].items():
+        if not budget.allows(f"cases {name}", estimates.get(name, 0.0)):
+            continue
+
+        def on_row(key, row):
+            rows[key] = row
+            report.put(("cases", key), row)
+            print_case_row(key, row)
+
+        gpu_cases.case_rows(name, case, cfg["device"], cfg["timing"], routes, on_row, predict)
+    return rows
+
+
+def print_case_row(key: str, row: Dict):
+    if "skipped" in row:
+        print(f"| {key} | skipped: {row['skipped']} |", flush=True)
+        return
+    r, p = row["ratios"], row.get("predicted", {})
+    predicted = (f"{r['train_wps']:.3f} / {p['speed']:.3f} = {p['measured_over_predicted_speed']:.2f}"
+                 if p.get("modelled") else f"{r['train_wps']:.3f} / - ({p.get('why', 'no prediction')})")  # fmt: skip
+    print(f"| {key} | {row['optimizer']} | {row['sdpa_backend']} | {predicted} | "
+          f"{r['peak_memory']:.3f} |", flush=True)  # fmt: skip
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="CPU, toy sizes: the same code path")
     p.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     p.add_argument("--work-dir", type=Path, default=REPO_ROOT / "work_dirs" / "gpu_check")
-    p.add_argument("--parts", nargs="+", choices=("precision", "train", "speed", "routes"),
-                   default=["precision", "train", "speed", "routes"])  # fmt: skip
+    p.add_argument("--parts", nargs="+", choices=gpu_plan.PARTS, default=list(DEFAULT_PARTS))
+    p.add_argument("--budget", type=float, default=None,
+                   help="seconds: run the parts in order, skip those that no longer fit")
+    p.add_argument("--plan", action="store_true",
+                   help="print the parts in run order with estimated seconds (no GPU needed); "
+                        "exit 1 when over --budget")
+    p.add_argument("--gpu", choices=("H100", "H200"), default="H100",
+                   help="the GPU --plan estimates for (a run uses its own)")  # fmt: skip
     args = p.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
+    if args.plan:
+        gpu_name = "H200" if args.gpu == "H200" else "H100 SXM"
+        steps = gpu_plan.within_budget(
+            gpu_plan.plan(cfg, args.parts, gpu_name, gpu_cases.ROUTES), args.budget
+        )
+        print("\n".join(gpu_plan.plan_lines(steps, gpu_name)))
+        if gpu_plan.plan_fails(steps, args.budget):
+            print(f"over the budget of {args.budget:.0f} s, or a required part "
+                  f"({', '.join(gpu_plan.REQUIRED_PARTS)}) left out", file=sys.stderr)  # fmt: skip
+            return 1
+        return 0
     if args.smoke and triton_installed():
         # the triton route's kernels on CPU tensors: Triton's interpreter, which Triton reads
         # when the kernels are defined (the route imports them when a model is built)
@@ -466,22 +557,49 @@ def main(argv=None) -> int:
         p.error("no CUDA device; use --smoke for the CPU smoke run")
     torch.manual_seed(0)
     t0 = time.time()
-    report = {"smoke": args.smoke, "machine": machine_info()}
-    if "precision" in args.parts:  # first: seconds, and the part a wrong kernel fails
-        report["precision"] = route_precision.check(
-            cfg["device"], list(route_precision.DTYPES), cfg["routes"]["precision_length"]
-        )
-    if "train" in args.parts:
-        report["training"] = training_part(cfg, args.work_dir)
-    if "speed" in args.parts:
-        report["speed"] = speed_part(cfg)
-    if "routes" in args.parts:
-        report["routes"] = routes_part(cfg)
-    report["wall_seconds"] = round(time.time() - t0, 1)
-    write_json_atomic(args.out, report)
+    budget = gpu_plan.Budget(args.budget)
+    report = IncrementalReport(args.out, {"smoke": args.smoke, "machine": machine_info(),
+                                          "parts": [], "part_seconds": {}, "skipped": []})  # fmt: skip
+    gpu_name = triton_cost.gpu_for(device_name(cfg["device"]))[0]
+    estimates = gpu_plan.plan(cfg, args.parts, "H200" if gpu_name == "H200" else "H100 SXM",
+                              gpu_cases.ROUTES)  # fmt: skip
+    part_estimates = {}
+    case_estimates = {}
+    for e in estimates:
+        part_estimates[e["part"]] = part_estimates.get(e["part"], 0.0) + e["seconds"]
+        if "case" in e:
+            case_estimates[e["case"]] = e["seconds"]
+    for part in gpu_plan.PARTS:
+        if part not in args.parts:
+            continue
+        # the cases part is budgeted case by case
+        if part != "cases" and not budget.allows(part, part_estimates[part]):
+            report.put(("skipped",), budget.skipped)
+            continue
+        start = time.time()
+        if part == "triton_training":
+            report.put(("triton_training",), triton_training_part(cfg))
+        elif part == "cases":
+            cases_part(cfg, report, budget, case_estimates)
+        elif part == "precision":  # seconds, and the part a wrong kernel fails
+            report.put(("precision",), route_precision.check(
+                cfg["device"], list(route_precision.DTYPES), cfg["routes"]["precision_length"]
+            ))  # fmt: skip
+        elif part == "train":
+            report.put(("training",), training_part(cfg, args.work_dir))
+        elif part == "speed":
+            speed_part(cfg, on_row=lambda key, row: report.put(("speed", key), row))
+        elif part == "routes":
+            routes_part(cfg, on_row=lambda keys, row: report.put(("routes",) + tuple(keys), row))
+        report.data["parts"].append(part)
+        report.put(("part_seconds", part), round(time.time() - start, 1))
+        report.put(("skipped",), budget.skipped)
+    report.put(("wall_seconds",), round(time.time() - t0, 1))
+    report = report.data
 
-    print("| size, dtype, length | ratio | train words/s | peak memory | generation sents/s |")
-    print("|---|---|---|---|---|")
+    if report.get("speed") or report.get("routes"):
+        print("| size, dtype, length | ratio | train words/s | peak memory | generation sents/s |")
+        print("|---|---|---|---|---|")
     for name, row in report.get("speed", {}).items():
         for key, r in row["ratios"].items():
             print(f"| {name} | {key} | {r['train_wps']:.3f} | {r['peak_memory']:.3f} "
@@ -504,18 +622,20 @@ def main(argv=None) -> int:
     triton = routes.get("triton", {})
     if "precision" in triton:
         print("\n".join(route_precision.triton_summary_lines(triton["precision"])))
-    if "training_precision" in triton:
-        lines = route_precision.triton_training_summary_lines(triton["training_precision"])
-        print("\n".join(lines))
+    training = report.get("triton_training", {})
+    if "passed" in training:
+        print("\n".join(route_precision.triton_training_summary_lines(training)))
     checks = dict(report.get("training", {}).get("checks", {}))
     if "precision" in report:
         checks["precision_of_both_routes_on_every_kernel"] = report["precision"]["passed"]
     if "precision" in triton:
         checks["precision_of_the_triton_route"] = triton["precision"]["passed"]
-    if "training_precision" in triton:
-        checks["precision_of_the_triton_route_in_training"] = triton["training_precision"]["passed"]
+    if "passed" in training:
+        checks["precision_of_the_triton_route_in_training"] = training["passed"]
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'} {name}")
+    for line in report["skipped"]:
+        print(line)
     print(f"wrote {args.out} in {report['wall_seconds']:.0f}s")
     return 0 if all(checks.values()) else 1
 
