@@ -65,7 +65,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, NamedTuple, Optional, Tuple
 
 from .runs import REPO_ROOT, write_json
 from .tables import md_table
@@ -729,8 +729,7 @@ TRITON_ATTENTION_SOURCE = REPO_ROOT / "realformer_fairseq" / "modules" / "triton
 LAUNCH_TABLE_NAMES = ("SHORT", "MAX_HEAD_DIM", "_DELTA", "_SHORT_16BIT", "_LAUNCH_TABLE")
 
 
-@dataclass(frozen=True)
-class KernelConfig:
+class KernelConfig(NamedTuple):
     block_m: int
     block_n: int
     num_warps: int
@@ -815,9 +814,10 @@ def triton_cost(
     d_stream = F32 * f_key * n if layer.has_next or layer.need_weights else 0.0
     rebuild = F32 * f_key * n if layer.has_prev else 0.0
     gradient_written = F32 * n if layer.causal else F32 * f_key * n
-    # causal: each key block reads ROWMAX of every query block before its first one
+    # causal: each key block reads ROWMAX of every query block wholly before it
     key_blocks = -(-layer.src // key_cfg.block_n)
-    rowmax_checks = rows * key_blocks / 2 if layer.causal else 0.0
+    blocks_before = sum(j * key_cfg.block_n // key_cfg.block_m for j in range(key_blocks))
+    rowmax_checks = layer.bh * blocks_before * key_cfg.block_m * F32 if layer.causal else 0.0
     key_pass = Kernel(
         "dK, dV, stream gradient (key blocks)" + (", previous stream rebuilt" if rebuild else ""),
         2 * q + 2 * kv + 3 * rows + F32 * f_key * n + d_stream + rowmax_checks,
