@@ -528,11 +528,18 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     p.add_argument("--work-dir", type=Path, default=REPO_ROOT / "work_dirs" / "gpu_check")
     p.add_argument("--parts", nargs="+", choices=gpu_plan.PARTS, default=list(DEFAULT_PARTS))
-    p.add_argument("--budget", type=float, default=None,
-                   help="seconds: run the parts in order, skip those that no longer fit")
-    p.add_argument("--plan", action="store_true",
-                   help="print the parts in run order with estimated seconds (no GPU needed); "
-                        "exit 1 when over --budget")
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds: run the parts in order, skip those that no longer fit",
+    )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the parts in run order with estimated seconds (no GPU needed); "
+        "exit 1 when over --budget",
+    )
     p.add_argument("--gpu", choices=("H100", "H200"), default="H100",
                    help="the GPU --plan estimates for (a run uses its own)")  # fmt: skip
     args = p.parse_args(argv)

@@ -89,9 +89,15 @@ def case_estimate(name: str, case: Dict, gpu_name: str, floor: float, timing: Di
         total += 2 * first["baseline_step_ms"] / 1e3  # the baseline's warm-up and profile
         if "triton" in routes:
             masks = 1 if case["task"] == "masked_lm" else 2
-            configs = len({s["src_len"] <= 64 for s in shapes} | {s["tgt_len"] <= 64 for s in shapes if s["tgt_len"]})
+            configs = len(
+                {s["src_len"] <= 64 for s in shapes}
+                | {s["tgt_len"] <= 64 for s in shapes if s["tgt_len"]}
+            )
             total += kernels_seconds(1, masks, configs, per_kernel)
-    return total, f"{params / 1e6:.0f}M parameters, {len(case['dtypes'])} dtype(s) x {len(routes)} routes"
+    return (
+        total,
+        f"{params / 1e6:.0f}M parameters, {len(case['dtypes'])} dtype(s) x {len(routes)} routes",
+    )
 
 
 def plan(cfg: Dict, parts, gpu_name: str, routes) -> List[Dict]:
@@ -154,7 +160,9 @@ def plan_lines(steps: List[Dict], gpu_name: str) -> List[str]:
             total += s["seconds"]
             lines.append(f"{name}: {s['seconds']:.0f} s ({s['why']})")
         else:
-            lines.append(f"{name}: skipped to stay within the budget (estimated {s['seconds']:.0f} s)")
+            lines.append(
+                f"{name}: skipped to stay within the budget (estimated {s['seconds']:.0f} s)"
+            )
     lines.append(f"estimated {total:.0f} s")
     return lines
 
@@ -181,7 +189,9 @@ class Budget:
         left = self.left()
         if estimate <= left:
             return True
-        line = f"skipped {name}: estimated {estimate:.0f} s, {max(0.0, left):.0f} s of the budget left"
+        line = (
+            f"skipped {name}: estimated {estimate:.0f} s, {max(0.0, left):.0f} s of the budget left"
+        )
         print(line, flush=True)
         self.skipped.append(line)
         return False

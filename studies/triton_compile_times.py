@@ -81,7 +81,9 @@ def measure(head_dim: int = 64, dtypes=("float16", "bfloat16"), arch: int = 90):
                     if name in consts:
                         signature[name] = "constexpr"
                     elif name.isupper():
-                        pointee = short if name in INPUT_DTYPE else "i8" if name == "KPM" else "fp32"
+                        pointee = (
+                            short if name in INPUT_DTYPE else "i8" if name == "KPM" else "fp32"
+                        )
                         signature[name] = "*" + pointee
                         attrs[(i,)] = [["tt.divisibility", 16]]
                     else:

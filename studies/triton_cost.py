@@ -768,7 +768,9 @@ def gpu_launch_config(kernel: str, head_dim: int, width: int, length: int, table
     d = max(16, 1 << (head_dim - 1).bit_length())
     if d > table["MAX_HEAD_DIM"]:
         raise ValueError(f"head size {head_dim} above {table['MAX_HEAD_DIM']}")
-    row = table["_LAUNCH_TABLE"][(2, max(d, 32))] if width == 2 else table["_LAUNCH_TABLE"][(4, None)]
+    row = (
+        table["_LAUNCH_TABLE"][(2, max(d, 32))] if width == 2 else table["_LAUNCH_TABLE"][(4, None)]
+    )
     return row[kernel]["short" if length <= table["SHORT"] else "long"]
 
 
@@ -799,12 +801,24 @@ def triton_cost(
     key_cfg = gpu_launch_config("backward", d, width, layer.src, table)
     dq_cfg = gpu_launch_config("dq", d, width, layer.tgt, table)
     per_tile = lambda cfg: cfg.block_m * cfg.block_n  # noqa: E731
-    f_fwd = min(1.0, computed_tiles(layer.tgt, layer.src, fwd_cfg.block_m, fwd_cfg.block_n,
-                                    layer.causal) * per_tile(fwd_cfg) / (layer.tgt * layer.src))
-    f_key = min(1.0, computed_tiles(layer.tgt, layer.src, key_cfg.block_m, key_cfg.block_n,
-                                    layer.causal) * per_tile(key_cfg) / (layer.tgt * layer.src))
-    f_dq = min(1.0, computed_tiles(layer.tgt, layer.src, dq_cfg.block_m, dq_cfg.block_n,
-                                   layer.causal) * per_tile(dq_cfg) / (layer.tgt * layer.src))
+    f_fwd = min(
+        1.0,
+        computed_tiles(layer.tgt, layer.src, fwd_cfg.block_m, fwd_cfg.block_n, layer.causal)
+        * per_tile(fwd_cfg)
+        / (layer.tgt * layer.src),
+    )
+    f_key = min(
+        1.0,
+        computed_tiles(layer.tgt, layer.src, key_cfg.block_m, key_cfg.block_n, layer.causal)
+        * per_tile(key_cfg)
+        / (layer.tgt * layer.src),
+    )
+    f_dq = min(
+        1.0,
+        computed_tiles(layer.tgt, layer.src, dq_cfg.block_m, dq_cfg.block_n, layer.causal)
+        * per_tile(dq_cfg)
+        / (layer.tgt * layer.src),
+    )
     philox = PHILOX_OPS / elements_per_philox if dropout > 0 else 0.0
     prev = F32 * f_fwd * n if layer.has_prev else 0.0
     # a causal forward stores zeros on the tiles it skips: the stream is written whole
@@ -859,10 +873,10 @@ def flash_cost(layer: Layer, dropout: float = 0.0) -> LayerCost:
     philox = PHILOX_OPS / 4 if dropout > 0 else 0.0
     dq_accum = layer.bh * layer.tgt * d * F32
     fwd = (Kernel("flash forward", q + 2 * kv, q + rows, 4 * n * d * f, n * f, philox * n * f),)
-    bwd = (
-        Kernel("flash backward: rowsum(dO * O)", 2 * q, rows),
-        Kernel("flash backward: key blocks", 2 * q + 2 * kv + 2 * rows + dq_accum,
-               2 * kv + dq_accum, 10 * n * d * f, 2 * n * f, philox * n * f),  # fmt: skip
+    bwd = (Kernel("flash backward: rowsum(dO * O)", 2 * q, rows), Kernel(
+        "flash backward: key blocks",
+        2 * q + 2 * kv + 2 * rows + dq_accum,
+        2 * kv + dq_accum, 10 * n * d * f, 2 * n * f, philox * n * f),  # fmt: skip
         Kernel("flash backward: dq to the inputs' dtype", dq_accum, q),
     )
     return LayerCost(fwd, bwd, 0.0, 0.0)
@@ -954,8 +968,10 @@ def step_rest(model: Dict, task: str, shapes: List[Dict], gpu: Dict, optimizer: 
         linear = src * enc * (4 * d * d + 2 * d * f) + tgt * dec * (8 * d * d + 2 * d * f)
         predicted = tgt if task != "masked_lm" else int(0.15 * src)
         flops = 3 * 2 * (linear + predicted * d * v)
-        elementwise = FP16 * (src * enc * (2 * PASSES_PER_SUBLAYER * d + FFN_HIDDEN_PASSES * f)
-                              + tgt * dec * (3 * PASSES_PER_SUBLAYER * d + FFN_HIDDEN_PASSES * f))
+        elementwise = FP16 * (
+            src * enc * (2 * PASSES_PER_SUBLAYER * d + FFN_HIDDEN_PASSES * f)
+            + tgt * dec * (3 * PASSES_PER_SUBLAYER * d + FFN_HIDDEN_PASSES * f)
+        )
         moved = elementwise + LOSS_BYTES_PER_LOGIT * predicted * v
         n_launch = LAUNCHES_PER_SUBLAYER * (2 * enc + 3 * dec) + LOSS_LAUNCHES
         launches += n_launch
@@ -1061,7 +1077,10 @@ def fit_and_check(path: Path = H200_MEASURED) -> Dict:
                             / m["step_seconds"]) ** 2 for n, m in fp16.items())  # fmt: skip
 
     floor = min(FLOOR_GRID_S, key=loss)
-    base_128 = [(layer, baseline_cost(layer)) for layer in case_layers(old_step_shapes(128)[0], OLD_STEP_MODEL)]
+    base_128 = [
+        (layer, baseline_cost(layer))
+        for layer in case_layers(old_step_shapes(128)[0], OLD_STEP_MODEL)
+    ]
     rest_bytes = fp16[128]["peak_bytes"] - peak(base_128)
 
     def rows(measured):

@@ -73,7 +73,7 @@ def test_the_smallest_case_times_fairseqs_train_step_for_every_row(monkeypatch, 
         assert "--fp16" in row["argv"] and "--fp16" in row["baseline_argv"]
         impl = {"eager": ["--residual-attention-impl", "eager"],
                 "concat": ["--residual-attention-impl", "concat"], "auto": []}[route]  # fmt: skip
-        tail = row["argv"][len(row["argv"]) - len(impl):] if impl else []
+        tail = row["argv"][len(row["argv"]) - len(impl) :] if impl else []
         assert tail == impl and ("--residual-attention-impl" in row["argv"]) is bool(impl)
         assert len(row["train_wps"]["baseline"]) == len(row["train_wps"]["realformer"]) == 1
         assert row["updates_skipped"] == {"baseline": 0, "realformer": 0}
@@ -100,7 +100,10 @@ def test_a_run_stopped_part_way_keeps_the_rows_it_measured(monkeypatch, tmp_path
     report = json.loads(out.read_text())
     assert list(report["cases"]) == ["long_2048 fp16 eager"]
     row = report["cases"]["long_2048 fp16 eager"]
-    assert (row["step"], row["optimizer"]) == ("fairseq.trainer.Trainer.train_step", "FP16Optimizer")
+    assert (row["step"], row["optimizer"]) == (
+        "fairseq.trainer.Trainer.train_step",
+        "FP16Optimizer",
+    )
 
 
 # case -> (baseline arch, realformer arch, precision flag, layers, width, heads, tokens or blocks)
@@ -133,7 +136,10 @@ def test_the_gpu_cases_reach_fairseqs_arguments_at_the_users_sizes(name):
                                               gpu_cases.max_positions(case), "cuda")  # fmt: skip
             parser = options.get_training_parser(default_task=case["task"])
             args = options.parse_args_and_arch(parser, input_args=argv)
-            assert args.arch == arch and (args.fp16, args.bf16) == (dtype == "fp16", dtype == "bf16")
+            assert args.arch == arch and (args.fp16, args.bf16) == (
+                dtype == "fp16",
+                dtype == "bf16",
+            )
             assert not args.fp16_no_flatten_grads and not args.cpu
             assert args.encoder_embed_dim == width and args.encoder_attention_heads == heads
             got = (args.encoder_layers,) + ((args.decoder_layers,) if len(layers) == 2 else ())
@@ -164,12 +170,19 @@ def test_the_wmt_batches_are_fairseqs_from_the_newstest_length_histogram():
 
 def test_the_sdpa_backend_is_read_from_the_profilers_names():
     assert bench_trainer.sdpa_backend(["aten::_flash_attention_forward", "x"], "cuda:0") == "flash"
-    assert bench_trainer.sdpa_backend(["void pytorch_flash::flash_fwd_kernel<...>"], "cuda") == "flash"
+    assert (
+        bench_trainer.sdpa_backend(["void pytorch_flash::flash_fwd_kernel<...>"], "cuda") == "flash"
+    )
     assert bench_trainer.sdpa_backend(["fmha_cutlassF_f16_aligned_64x64"], "cuda") == "efficient"
     assert bench_trainer.sdpa_backend(["cudnn_generated_fort_native_sdpa_sm90"], "cuda") == "cudnn"
-    assert bench_trainer.sdpa_backend(["aten::_scaled_dot_product_attention_math"], "cpu") == "math/cpu"
-    assert bench_trainer.sdpa_backend(
-        ["aten::_scaled_dot_product_flash_attention_for_cpu"], "cpu") == "flash/cpu"
+    assert (
+        bench_trainer.sdpa_backend(["aten::_scaled_dot_product_attention_math"], "cpu")
+        == "math/cpu"
+    )
+    assert (
+        bench_trainer.sdpa_backend(["aten::_scaled_dot_product_flash_attention_for_cpu"], "cpu")
+        == "flash/cpu"
+    )
     assert bench_trainer.sdpa_backend(["aten::bmm", "aten::softmax"], "cpu") == "none"
 
 

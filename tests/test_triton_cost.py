@@ -203,7 +203,9 @@ def test_the_fit_is_on_fp16_rows_and_its_check_on_bf16_rows_within_tolerances_se
     rows = measured["routes"]["models"]
     for r in fit["check_rows"]:  # the check's measurements are the bf16 rows
         row = rows[f"6L-6L d512 bf16 len{r['tokens']}"]
-        assert r["eager_speed"]["measured"] == row["ratios"]["realformer_eager/vanilla"]["train_wps"]
+        assert (
+            r["eager_speed"]["measured"] == row["ratios"]["realformer_eager/vanilla"]["train_wps"]
+        )
         assert r["within_tolerance"] == {"vanilla_step": True, "eager_speed": True,
                                          "eager_memory": True}, r  # fmt: skip
     assert fit["check_passed"]
@@ -213,7 +215,9 @@ def test_the_fit_is_on_fp16_rows_and_its_check_on_bf16_rows_within_tolerances_se
 def test_every_case_and_route_is_predicted_on_both_gpus():
     from studies import gpu_cases
 
-    cases = json.loads((REPO_ROOT / "docs" / "benchmarks" / "triton_cost.json").read_text())["cases"]
+    cases = json.loads((REPO_ROOT / "docs" / "benchmarks" / "triton_cost.json").read_text())[
+        "cases"
+    ]
     expected = {f"{n} {d} {r}" for n, c in gpu_cases.CASES.items() for d in c["dtypes"]
                 for r in ("eager", "concat", "auto", "triton")}  # fmt: skip
     assert set(cases) == expected
