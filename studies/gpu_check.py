@@ -1,8 +1,17 @@
 #!/usr/bin/env python
-"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, about 5 minutes on an H200.
+"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, planned to fit a budget.
 
 He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747);
 Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.07772).
+
+Every speed and memory row times fairseq's own ``Trainer.train_step`` built from the flags a
+user types (``studies.bench_trainer``). The parts run in ``gpu_plan.PARTS`` order: the triton
+route's exactness in training at this GPU's launch configurations (``triton_training``), the
+cases at the sizes users train (``cases``, ``studies.gpu_cases``: each row with its step,
+optimizer, the baseline's SDPA backend, and measured / predicted by ``studies.triton_cost``),
+then parts 0-4 below. Each row goes to the JSON (atomically) as soon as it is measured.
+``--plan`` prints the parts with estimated seconds, without a GPU (``studies.gpu_plan``);
+``--budget S`` skips the parts and cases that no longer fit, and says which.
 
 0. Precision (``studies.route_precision``): both routes of the residual score chains against
    the eager route in float64, per SDPA kernel (math, flash, memory-efficient, cuDNN), per
@@ -29,26 +38,29 @@ Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.
    (``realformer_triton``, ``--residual-attention-impl triton``): training words/s and peak
    memory against ``vanilla`` and ``realformer_eager`` at lengths 32, 128, 512 and 2048, fp16
    and bf16, and its output and gradient errors against the eager route in float64 (float32,
-   fp16, bf16; fails above ``route_precision.TOLERANCE``); and in training
-   (``route_precision.triton_training_check``): attention dropout 0.1, lengths 337 and 811 (no
-   multiple of any block size: several blocks, ragged last ones), head size 64, fp16 and bf16,
-   against float64 eager with the kernels' own dropout masks, each run twice from one seed
-   (fails unless the two runs are identical). Without triton this part is one line and
-   skipped; ``--smoke`` runs it under Triton's interpreter (``TRITON_INTERPRET=1``) at toy
-   sizes (length 17, head size 16, chains of 2). Each row of the eager and triton routes is
+   fp16, bf16; fails above ``route_precision.TOLERANCE``); its exactness in training is the
+   first part, ``triton_training`` (``route_precision.triton_training_check``): attention
+   dropout 0.1, lengths 45, 337 and 811 (the launch table's short and long rows; no multiple
+   of any block size: several blocks, ragged last ones), head size 64, fp16 and bf16, against
+   float64 eager with the kernels' own dropout masks, each run twice from one seed (fails
+   unless the two runs are identical). Without triton these are one line and skipped;
+   ``--smoke`` runs them under Triton's interpreter (``TRITON_INTERPRET=1``) at toy sizes
+   (length 17, head size 16, chains of 2). Each row of the eager and triton routes is
    printed beside ``studies.triton_cost``'s prediction, scaled to the row's own vanilla step
    and peak memory (measured / predicted).
 
 Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 0,
-part 1 or the triton route's precision (evaluation or training) fails. ``--smoke`` runs the same code on CPU at toy
-sizes (the default test suite runs its precision part; the whole smoke run is under
-``-m slow``).
+part 1 or the triton route's precision (evaluation or training) fails. ``--smoke`` runs the
+same code on CPU at toy sizes (the default test suite runs its precision part and the smallest
+case; the whole smoke run is under ``-m slow``).
 
 Sizes, dtypes, lengths and the compared variants (``bench_models.VARIANTS``) are data in
 ``FULL`` / ``SMOKE`` / ``DTYPES``.
 
 usage (from the repository root):
-    python -m studies.gpu_check [--out gpu_check.json] [--work-dir work_dirs/gpu_check]
+    python -m studies.gpu_check --plan --budget 540          # no GPU: the plan, exit 1 if over
+    python -m studies.gpu_check --budget 540 [--out gpu_check.json] [--parts ...]
+    python -m studies.gpu_check --smoke --parts cases --out /tmp/cases.json   # CPU, toy sizes
     python -m studies.gpu_check --smoke --out /tmp/smoke.json --work-dir /tmp/smoke
 """
 
