@@ -507,9 +507,12 @@ def cases_part(cfg, report: IncrementalReport, budget: gpu_plan.Budget,
     is measured (``report["cases"][key]``)."""
     predict = case_predictor(cfg)
     rows = {}
-    print(f"| case dtype route | optimizer | baseline's SDPA | train words/s vs baseline: measured / "
-          f"predicted ({triton_cost.gpu_for(device_name(cfg['device']))[0]}) = ratio | peak memory vs "
-          f"baseline |\n|---|---|---|---|---|", flush=True)  # fmt: skip
+    gpu = triton_cost.gpu_for(device_name(cfg["device"]))[0]
+    print(
+        "| case dtype route | optimizer | baseline's SDPA | train words/s vs baseline: measured"
+        f" / predicted ({gpu}) = ratio | peak memory vs baseline |\n|---|---|---|---|---|",
+        flush=True,
+    )
     for name, case in cfg["cases"].items():
         if not budget.allows(f"cases {name}", estimates.get(name, 0.0)):
             continue
@@ -528,8 +531,12 @@ def print_case_row(key: str, row: Dict):
         print(f"| {key} | skipped: {row['skipped']} |", flush=True)
         return
     r, p = row["ratios"], row.get("predicted", {})
-    predicted = (f"{r['train_wps']:.3f} / {p['speed']:.3f} = {p['measured_over_predicted_speed']:.2f}"
-                 if p.get("modelled") else f"{r['train_wps']:.3f} / - ({p.get('why', 'no prediction')})")  # fmt: skip
+    if p.get("modelled"):
+        predicted = (
+            f"{r['train_wps']:.3f} / {p['speed']:.3f} = {p['measured_over_predicted_speed']:.2f}"
+        )
+    else:
+        predicted = f"{r['train_wps']:.3f} / - ({p.get('why', 'no prediction')})"
     print(f"| {key} | {row['optimizer']} | {row['sdpa_backend']} | {predicted} | "
           f"{r['peak_memory']:.3f} |", flush=True)  # fmt: skip
 
@@ -577,8 +584,9 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     t0 = time.time()
     budget = gpu_plan.Budget(args.budget)
-    report = IncrementalReport(args.out, {"smoke": args.smoke, "machine": machine_info(),
-                                          "parts": [], "part_seconds": {}, "skipped": []})  # fmt: skip
+    start = {"smoke": args.smoke, "machine": machine_info(), "parts": [], "part_seconds": {},
+             "skipped": []}  # fmt: skip
+    report = IncrementalReport(args.out, start)
     gpu_name = triton_cost.gpu_for(device_name(cfg["device"]))[0]
     estimates = gpu_plan.plan(cfg, args.parts, "H200" if gpu_name == "H200" else "H100 SXM",
                               gpu_cases.ROUTES)  # fmt: skip

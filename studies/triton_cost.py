@@ -12,19 +12,18 @@ decoder layer's cross-attention returns its probabilities, fairseq's alignment l
   as PyTorch runs it: ``q k^T`` in fp16, a float32 copy, the stream added in place, the running
   mean's division, the mask, the softmax, an fp16 copy, ``P V``, and each of their backwards.
   Autograd keeps the float32 softmax output and the fp16 probabilities (6 bytes per score).
-* ``triton``: the fused kernels as modules/triton_attention.py runs them: one forward reading
-  ``q, k, v`` and the previous float32 stream, writing the new stream, the output and the row
-  statistics; causal blocks above the diagonal skipped (decoder self-attention, mask made from
-  the indices); a backward of three kernels: a ``delta`` pre-pass, a key-block pass (reads the
-  stream and the incoming stream gradient; writes ``dk``, ``dv`` and the whole stream gradient
-  ``G``, handed down) and a query-block pass ``dq = G K`` without atomics.
-  ``triton_dq_recomputed`` is issue 53's first design, for comparison: its dq pass reads the
-  stream and the incoming gradient and recomputes ``G``. A chain keeps one float32 stream (4 bytes per score), its last (issue 51): the
-  key-block pass rewrites the stream it read as the previous layer's (``S - q k^T``: one more
-  product per score and 4 bytes written) and the stream gradient handed down over the incoming
-  one. Attention dropout from Philox with ``elements_per_philox`` mask elements per call. The
-  alignment layer runs the kernels too; its probabilities are the eager route's masked softmax
-  of the stream in PyTorch (kept for backward, float32), averaged over the heads.
+* ``triton``: the fused kernels at the configurations of the launch table in
+  ``modules/triton_attention.py`` (read from its source): one forward reading ``q, k, v`` and
+  the previous float32 stream on its tiles, writing the whole stream (zeros above a causal
+  diagonal), the output and the row statistics; a backward of three kernels: a ``delta``
+  pre-pass, a key-block pass (reads the stream and the incoming stream gradient, and ROWMAX
+  of the query blocks before a causal key block; writes ``dk``, ``dv``, the whole stream
+  gradient ``G``, handed down, and the previous layer's stream ``S - q k^T`` over this one's)
+  and a query-block pass ``dq = G K`` without atomics (reads ROWMAX when causal). A chain
+  keeps one float32 stream, its last. Attention dropout from Philox with
+  ``elements_per_philox`` mask elements per call. The alignment layer runs the kernels too;
+  its probabilities are the eager route's masked softmax of the stream in PyTorch (kept for
+  backward, float32), averaged over the heads.
 * ``fused``: fairseq's ``transformer`` on a GPU: ``F.multi_head_attention_forward`` hands
   ``scaled_dot_product_attention`` an additive mask (key padding merged in, the causal mask as
   a tensor, never ``is_causal``), so flash is out; on the H200 with torch 2.11 SDPA picked cuDNN
@@ -43,15 +42,23 @@ ran at about a tenth of its roofline, so launches are not free. Bytes count what
 reads and writes in device memory once (``K``/``V`` tiles that several query blocks read are
 taken to hit the L2: one head's keys and values are at most 512 KB here, the L2 50-60 MB).
 
-Model level: the speed ratio of a route against ``fused`` is ``step / (step - fused attention
-+ route attention)``, for two steps: the roofline of the whole step (GEMMs, elementwise
-passes, loss, Adam; no launch floors: the pessimistic bound, where attention weighs most) and
-the vanilla step measured on the H200 (``docs/benchmarks/gpu_check_h200.json``, same model
-and batch; launch-bound). Peak memory is ``A + sum of what each layer keeps for backward + the
-largest backward transient of one layer``, ``A`` the rest of the step, taken from the H200's
-measured vanilla peak at 128 tokens minus this model's vanilla attention at 128 tokens.
-``studies.gpu_check`` calls :func:`predict_against` with its own measured vanilla step and
-peak, and prints measured / predicted per row.
+Where fairseq passes no mask (an encoder batch without padding) its attention is flash
+(:func:`flash_cost`), and that is the baseline (:func:`baseline_cost`).
+
+The cases of ``studies.gpu_check`` (``"cases"`` in the JSON): fairseq's own step,
+``Trainer.train_step``, per case, dtype and route on both GPUs: the model's GEMMs, elementwise
+passes and loss, and the optimizer the flags build (``--fp16``: FP16Optimizer over one flat
+float32 copy; ``--bf16``: per tensor), each part the larger of its roofline and its launches
+times the launch floor, plus the attention of the baseline or the route. Two constants are
+fitted to the fp16 rows of ``docs/benchmarks/gpu_check_h200.json`` (the old benchmark loop's
+step, modelled as such): the PyTorch launch floor and the rest of the step's peak memory; the
+bf16 rows check the fit within ``CHECK_TOLERANCES`` (:func:`fit_and_check`).
+
+The per-length rows (``"rows"``) are the 6L-6L d512 model against fused with a bias: a route's
+speed against it is ``step / (step - fused attention + route attention)`` on the roofline of
+the whole step and on the old benchmark step the H200 measured (not fairseq's step; said in
+the keys). ``studies.gpu_check`` calls :func:`predict_against` with its own vanilla step and
+peak for its speed rows, and :func:`case_route_prediction` for its cases.
 
 usage (from the repository root; no GPU, no triton):
     python -m studies.triton_cost                   # -> docs/benchmarks/triton_cost.json
@@ -1093,7 +1100,8 @@ def fit_and_check(path: Path = H200_MEASURED) -> Dict:
             eager_peak = rest_bytes + peak([(x, eager_cost(x)) for x in layers])
             out.append(dict(
                 tokens=n,
-                vanilla_step_ms=dict(measured=1e3 * m["step_seconds"], predicted=p["baseline_step_ms"]),
+                vanilla_step_ms=dict(measured=1e3 * m["step_seconds"],
+                                     predicted=p["baseline_step_ms"]),
                 eager_speed=dict(measured=m["eager_speed"], predicted=p["speed"]),
                 eager_memory=dict(measured=m["eager_memory"], predicted=eager_peak / base_peak),
             ))  # fmt: skip
