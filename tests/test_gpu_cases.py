@@ -203,3 +203,21 @@ def test_smoke_cases_run_every_case_through_fairseqs_step(tmp_path):
             continue
         assert row["step"] == "fairseq.trainer.Trainer.train_step", key
         assert row["optimizer"] == "FP16Optimizer", key
+
+
+@pytest.mark.parametrize(
+    "dtype,optimizer,overrides",
+    [
+        ("bf16", "FP16Optimizer", ["common.tpu=False (fairseq 0.12 sets it with --bf16)"]),
+        ("memory_efficient_fp16", "MemoryEfficientFP16Optimizer", []),
+    ],
+)
+def test_the_precision_flags_build_fairseqs_optimizers(dtype, optimizer, overrides):
+    """--bf16 (which fairseq 0.12 turns into --tpu: undone, and said) and
+    --memory-efficient-fp16 build the optimizers fairseq-train builds from them; one step."""
+    case = gpu_cases.SMOKE_CASES["long_2048"]
+    dictionary = bench_trainer.dictionary_for("masked_lm", case["vocab"])
+    bench = gpu_cases.build(case, "realformer_bert_base", dtype, "cpu", dictionary)
+    assert (bench.optimizer_name, bench.overrides) == (optimizer, overrides)
+    bench.train_step(gpu_cases.case_batches(case, dictionary)[0])
+    assert bench.trainer.get_num_updates() == 1
