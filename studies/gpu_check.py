@@ -588,8 +588,11 @@ def main(argv=None) -> int:
              "skipped": []}  # fmt: skip
     report = IncrementalReport(args.out, start)
     gpu_name = triton_cost.gpu_for(device_name(cfg["device"]))[0]
-    estimates = gpu_plan.plan(cfg, args.parts, "H200" if gpu_name == "H200" else "H100 SXM",
-                              gpu_cases.ROUTES)  # fmt: skip
+    estimates = []  # only a budget needs them
+    if args.budget is not None:
+        estimates = gpu_plan.plan(
+            cfg, args.parts, "H200" if gpu_name == "H200" else "H100 SXM", gpu_cases.ROUTES
+        )
     part_estimates = {}
     case_estimates = {}
     for e in estimates:
@@ -600,7 +603,7 @@ def main(argv=None) -> int:
         if part not in args.parts:
             continue
         # the cases part is budgeted case by case
-        if part != "cases" and not budget.allows(part, part_estimates[part]):
+        if part != "cases" and not budget.allows(part, part_estimates.get(part, 0.0)):
             report.put(("skipped",), budget.skipped)
             continue
         start = time.time()

@@ -68,3 +68,17 @@ def test_a_budget_skips_what_no_longer_fits_and_says_so(monkeypatch, capsys):
     assert budget.skipped == ["skipped cases wmt_big: estimated 20 s, 15 s of the budget left"]
     assert capsys.readouterr().out.strip() == budget.skipped[0]
     assert gpu_plan.Budget(None).allows("anything", 1e9)
+
+
+def test_a_run_under_a_budget_skips_the_cases_that_do_not_fit_and_records_them(tmp_path, capsys):
+    """On CPU at smoke sizes with a 1-second budget: no case fits (each builds models for a
+    second or more), none runs, every one is said and written to the JSON's "skipped"."""
+    out = tmp_path / "run.json"
+    assert gpu_check.main(["--smoke", "--parts", "cases", "--budget", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert "cases" not in report
+    names = [line.split(":")[0] for line in report["skipped"]]
+    assert names == [f"skipped cases {n}" for n in gpu_check.SMOKE["cases"]]
+    printed = capsys.readouterr().out
+    assert all(line in printed for line in report["skipped"])
+    assert report["parts"] == ["cases"]
