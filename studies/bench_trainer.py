@@ -13,6 +13,7 @@ pairs collated by ``language_pair_dataset.collate`` after ``data_utils.batch_by_
 blocks for a masked LM, 15 % of positions masked.
 """
 
+import functools
 import random
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -186,7 +187,8 @@ class TrainerBench:
 # batches
 
 
-def corpus_lengths(pairs: Sequence[Tuple[Path, Path]]) -> List[Tuple[int, int]]:
+@functools.lru_cache(maxsize=None)
+def corpus_lengths(pairs: Tuple[Tuple[Path, Path], ...]) -> List[Tuple[int, int]]:
     """(source, target) lengths of every line pair of the corpora: whitespace tokens (the
     files are Moses-tokenised) plus fairseq's end-of-sentence."""
     out = []

@@ -1066,6 +1066,7 @@ def old_step_prediction(length: int, floor: float, route: str = "eager") -> Dict
                            GPUS["H200"], "bench_loop", floor, 0.0)  # fmt: skip
 
 
+@functools.lru_cache(maxsize=None)  # read-only results: the study and the plan share them
 def fit_and_check(path: Path = H200_MEASURED) -> Dict:
     """Two constants fitted to the fp16 rows, checked on the bf16 rows (not fitted on):
     ``torch_launch_floor_s`` (seconds per PyTorch launch; least squares of the log of the
