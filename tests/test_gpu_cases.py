@@ -221,3 +221,23 @@ def test_the_precision_flags_build_fairseqs_optimizers(dtype, optimizer, overrid
     assert (bench.optimizer_name, bench.overrides) == (optimizer, overrides)
     bench.train_step(gpu_cases.case_batches(case, dictionary)[0])
     assert bench.trainer.get_num_updates() == 1
+
+
+def test_a_case_that_runs_out_of_memory_is_retried_at_its_fallback(monkeypatch):
+    """admin_60_12: 60L-12L out of memory -> 18L-6L, said in the rows (fallback_used)."""
+    import torch
+
+    tried = []
+
+    def fake_rows(name, case, dtype, device, timing, routes, on_row, predict, fallback_used,
+                  rows_done):  # fmt: skip
+        tried.append((case["sizes"]["enc_layers"], case["sizes"]["dec_layers"], fallback_used))
+        if not fallback_used:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+        return {f"{name} {dtype} eager": {"sizes": case["sizes"], "fallback_used": fallback_used}}
+
+    monkeypatch.setattr(gpu_cases, "dtype_rows", fake_rows)
+    rows = gpu_cases.case_rows("admin_60_12", gpu_cases.CASES["admin_60_12"], "cuda",
+                               gpu_cases.TIMING)  # fmt: skip
+    assert tried == [(60, 12, False), (18, 6, True)]
+    assert rows["admin_60_12 fp16 eager"]["fallback_used"] is True
