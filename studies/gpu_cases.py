@@ -218,7 +218,8 @@ def dtype_rows(name, case, dtype, device, timing, routes, on_row, predict, fallb
             continue
         common = dict(case=name, dtype=dtype, route=route, step=bt.step_function_name(),
                       baseline_arch=case["baseline"], arch=case["realformer"],
-                      sizes=case["sizes"], fallback_used=fallback_used)  # fmt: skip
+                      sizes=case["sizes"], batch=case["batch"],
+                      fallback_used=fallback_used)  # fmt: skip
         why_not = route_available(route, device)
         if why_not:
             rows[key] = dict(common, skipped=why_not)

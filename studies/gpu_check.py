@@ -490,7 +490,7 @@ def case_predictor(cfg) -> Callable[[Dict], Dict]:
     table_name = "H200" if gpu_name == "H200" else "H100 SXM"
 
     def predict(row):
-        case = dict(cfg["cases"][row["case"]], sizes=row["sizes"])
+        case = dict(cfg["cases"][row["case"]], sizes=row["sizes"], batch=row["batch"])
         p = triton_cost.case_route_prediction(row["case"], case, row["dtype"], row["route"],
                                               table_name, floor)  # fmt: skip
         out = {"gpu": gpu_name, **p}

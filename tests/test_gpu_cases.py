@@ -70,6 +70,7 @@ def test_the_smallest_case_times_fairseqs_train_step_for_every_row(monkeypatch, 
         assert (row["baseline_arch"], row["arch"]) == ("roberta_base", "realformer_bert_base")
         assert row["sdpa_backend"] == "math/cpu"  # fp16 on CPU: SDPA's math kernel
         assert row["batches"]["src_shapes"] == [[2, 32]]
+        assert row["batch"] == {"length": 32, "sequences": 2}  # what the prediction is for
         assert "--fp16" in row["argv"] and "--fp16" in row["baseline_argv"]
         impl = {"eager": ["--residual-attention-impl", "eager"],
                 "concat": ["--residual-attention-impl", "concat"], "auto": []}[route]  # fmt: skip
