@@ -287,13 +287,15 @@ SDPA_PATTERNS = (
 
 
 def sdpa_backend(names: Sequence[str], device: str) -> str:
-    """The SDPA backend that the profiler's op and kernel ``names`` show ran: flash, efficient,
-    cudnn or math (``/cpu`` on CPU); ``none`` when no SDPA ran (fairseq's bmm/softmax)."""
+    """The SDPA backends that the profiler's op and kernel ``names`` show ran: flash,
+    efficient, cudnn or math (``/cpu`` on CPU), joined by ``+`` where a step ran several (one
+    per chain kind); ``none`` when no SDPA ran (fairseq's bmm/softmax)."""
     lowered = [n.lower() for n in names]
-    for backend, patterns in SDPA_PATTERNS:
-        if any(p in n for n in lowered for p in patterns):
-            return backend if device.startswith("cuda") else f"{backend}/cpu"
-    return "none"
+    ran = [backend for backend, patterns in SDPA_PATTERNS
+           if any(p in n for n in lowered for p in patterns)]  # fmt: skip
+    if not ran:
+        return "none"
+    return "+".join(ran if device.startswith("cuda") else [f"{b}/cpu" for b in ran])
 
 
 def profiled_names(fn, device: str) -> List[str]:

@@ -185,6 +185,9 @@ def test_the_sdpa_backend_is_read_from_the_profilers_names():
         == "flash/cpu"
     )
     assert bench_trainer.sdpa_backend(["aten::bmm", "aten::softmax"], "cpu") == "none"
+    # fairseq's translation step: cuDNN for self-attention, memory-efficient for cross
+    both = ["cudnn_generated_fort_native_sdpa_sm90", "fmha_cutlassB_f16_aligned_64x64"]
+    assert bench_trainer.sdpa_backend(both, "cuda") == "cudnn+efficient"
 
 
 @pytest.mark.slow
