@@ -33,6 +33,9 @@ import sys
 
 import pytest
 
+# out of the default suite, run by -m triton (.ci/run's triton job)
+pytestmark = pytest.mark.triton
+
 # looked up, not imported: triton's mode (compiled or interpreted) is fixed by the first import
 # in a process, which tests/test_triton_kernels.py makes with TRITON_INTERPRET=1
 if importlib.util.find_spec("triton") is None:
