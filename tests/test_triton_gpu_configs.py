@@ -58,38 +58,42 @@ SM80, SM86, SM90 = (8, 0), (8, 6), (9, 0)
 # as the launch table is meant to give them to a GPU (written here, not read from the table).
 # The key-block pass tiles the keys; the forward and the dq pass the queries, which choose the
 # class ("over 64 tokens": more than 64 queries).
+SHORT_16, LONG_16, LONG_16_HEAD_128 = (
+    "16-bit, up to 64 tokens",
+    "16-bit, head size up to 64, over 64 tokens",
+    "16-bit, head size 65-128, over 64 tokens",
+)
 BLOCKS = {
-    "16-bit, up to 64 tokens": ((32, 32), (32, 32), (32, 32)),
-    "16-bit, head size up to 64, over 64 tokens": ((64, 32), (32, 32), (64, 64)),
-    "16-bit, head size 65-128, over 64 tokens": ((64, 32), (32, 32), (32, 32)),
+    SHORT_16: ((32, 32), (32, 32), (32, 32)),
+    LONG_16: ((64, 32), (32, 32), (64, 64)),
+    LONG_16_HEAD_128: ((64, 32), (32, 32), (32, 32)),
     "float32": ((16, 16), (16, 16), (32, 32)),
 }
 
-# (capability, the dtype whose blocks run, input dtype, head size, BLOCKS key, calls): each
-# call a causal self-attention chain layer (left padding: rows that see only the fill; running
-# mean) or cross-attention (right padding; running sum), (tgt_len, src_len). The lengths are the
-# smallest that span two or more blocks of every kernel with a ragged last one, and one shorter
-# than a block.
+# (the dtype whose blocks run, input dtype, head size, BLOCKS key, calls), each at sm_80 and
+# sm_90: each call a causal self-attention chain layer (left padding: rows that see only the
+# fill; running mean) or cross-attention (right padding; running sum), (tgt_len, src_len): short
+# lengths that still span two or more blocks of every kernel with a ragged last one, and one
+# shorter than a block (20 keys in 32-wide blocks, 20 and 9 queries in 32- and 16-wide ones).
+LONG = [("causal", 100, 100), ("cross", 100, 20)]
+SHORT = [("causal", 50, 50), ("cross", 20, 50)]
+FLOAT32 = [("causal", 37, 37), ("cross", 9, 37)]
+ROWS = {
+    "fp16-head64-long": (torch.float16, torch.float64, 64, LONG_16, LONG),
+    "bf16-head32-long": (torch.bfloat16, torch.float64, 32, LONG_16, LONG),
+    "fp16-head96-long": (torch.float16, torch.float64, 96, LONG_16_HEAD_128, LONG),
+    "bf16-head80-long": (torch.bfloat16, torch.float64, 80, LONG_16_HEAD_128, LONG),
+    "fp16-head128-long": (torch.float16, torch.float64, 128, LONG_16_HEAD_128, LONG),
+    "fp16-head80-short": (torch.float16, torch.float64, 80, SHORT_16, SHORT),
+    "bf16-head64-short": (torch.bfloat16, torch.float64, 64, SHORT_16, SHORT),
+    "fp32-head96": (torch.float32, torch.float32, 96, "float32", FLOAT32),
+    "float64-head80": (None, torch.float64, 80, "float32", FLOAT32),
+}
 CASES = {
-    "sm80-fp16-head64-long": (
-        SM80, torch.float16, torch.float64, 64, "16-bit, head size up to 64, over 64 tokens",
-        [("causal", 100, 100), ("cross", 100, 20)],
-    ),
-    "sm90-bf16-head96-long": (
-        SM90, torch.bfloat16, torch.float64, 96, "16-bit, head size 65-128, over 64 tokens",
-        [("causal", 100, 100), ("cross", 100, 20)],
-    ),
-    "sm90-fp16-head80-short": (
-        SM90, torch.float16, torch.float64, 80, "16-bit, up to 64 tokens",
-        [("causal", 50, 50), ("cross", 20, 50)],
-    ),
-    "sm80-fp32-head96": (
-        SM80, torch.float32, torch.float32, 96, "float32", [("causal", 37, 37), ("cross", 9, 37)],
-    ),
-    "sm90-float64-head80": (
-        SM90, None, torch.float64, 80, "float32", [("causal", 37, 37), ("cross", 9, 37)],
-    ),
-}  # fmt: skip
+    f"sm{major}{minor}-{name}": ((major, minor), *row)
+    for (major, minor) in (SM80, SM90)
+    for name, row in ROWS.items()
+}
 TOLERANCE = {torch.float64: 1e-12, torch.float32: 2e-5}  # relative to max(1, |reference|)
 
 
@@ -116,8 +120,6 @@ def test_every_block_structure_of_the_launch_table_has_a_case_here():
                     seen.setdefault(blocks, (capability, dtype, head_dim, length))
     assert set(seen) == set(BLOCKS.values()), seen
     assert {case[4] for case in CASES.values()} == set(BLOCKS)
-    assert blocks_of(SM90, torch.float16, 64, 65) == BLOCKS[CASES["sm80-fp16-head64-long"][4]]
-    assert blocks_of(SM80, torch.bfloat16, 96, 65) == BLOCKS[CASES["sm90-bf16-head96-long"][4]]
 
 
 @pytest.fixture
