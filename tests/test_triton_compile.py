@@ -16,8 +16,8 @@ memory (must fit the target's per-block limit);
 ``cuobjdump -sass`` on its cubin must hold no GPU- or system-scope memory fence (``MEMBAR.*.GPU``,
 ``MEMBAR.*.SYS``, ``MEMBAR.SC``) and no L1 invalidation (``CCTL.IVALL``): what an
 acquire-release atomic compiles to; nor any global atomic (``ATOM``, ``RED``, Hopper's ``REDG``:
-the backward is deterministic because it has none). ``-s`` prints each kernel's row of docs/benchmarks.md's
-configuration table (registers, spills, shared memory, blocks per SM).
+the backward is deterministic because it has none). ``-s`` prints each kernel's row of
+docs/benchmarks.md's configuration table (registers, spills, shared memory, blocks per SM).
 
 Triton's interpreter (tests/test_triton_kernels.py) accepts code the compiler refuses (block
 sizes, masked edges, tl.dot's dtypes), so this is the check that the kernels are GPU code. Each
