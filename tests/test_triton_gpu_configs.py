@@ -14,8 +14,8 @@ bfloat16 (``launch_config`` asked for that dtype); the float32 row runs float32 
 inputs (float64 takes float32's row).
 
 Also here: the route under ``torch.use_deterministic_algorithms(True)``; the chain's one stream
-rebuilt in place and the stream gradient handed down in place (storage identity); float64 on
-CUDA refused in one line.
+rebuilt in place and the stream gradient handed down in place (storage identity), by the kernel
+function and by the route's modules; float64 on CUDA refused in one line.
 
 TRITON_INTERPRET=1 is set at collection, before anything imports triton (see
 tests/test_triton_kernels.py)."""
@@ -49,6 +49,7 @@ from realformer_fairseq.modules import triton_attention as ta  # noqa: E402
 from realformer_fairseq.modules.residual_attention import (  # noqa: E402
     RealformerMultiheadAttention,
 )
+from studies.route_precision import CASES as ROUTE_CASES  # noqa: E402
 from studies.route_precision import inputs as chain_inputs  # noqa: E402
 from studies.route_precision import layer_of, run_chain  # noqa: E402
 
@@ -322,6 +323,27 @@ def test_the_chain_rebuilds_one_stream_in_place_and_hands_its_gradient_down_in_p
     assert all(c["DS"] == c["DSTREAM"] for c in below_top), "a gradient was copied"
     assert len({c["DS"] for c in launches}) == 1  # the top layer's, handed down
     assert all(leaf.grad is not None and torch.isfinite(leaf.grad).all() for leaf in leaves)
+
+
+@pytest.mark.parametrize("case", ROUTE_CASES)
+def test_the_routes_modules_rebuild_one_stream_and_hand_the_gradient_down_in_place(
+    case, monkeypatch
+):
+    """The same through the route's modules (``--residual-attention-impl triton``), four layers
+    of each chain: one storage for every rebuild, each layer below the top writing the
+    previous stream's gradient over the one it got."""
+    recorded = RecordedKernel(ta._backward_kernel)
+    monkeypatch.setattr(ta, "_backward_kernel", recorded)
+    monkeypatch.setattr(route_warnings, "_SAID", set())
+    torch.manual_seed(0)
+    layers = [layer_of("triton", case, 32).double().train() for _ in range(4)]
+    query, keys, attn_mask, pad = chain_inputs(case, 12, 32)
+    run_chain(layers, query.requires_grad_(), keys, attn_mask, pad).sum().backward()
+    assert [m.last_kernel for m in layers] == ["fused Triton kernel"] * 4
+    launches = recorded.launches
+    assert len(launches) == 4
+    assert len({call["STREAM"] for call in launches}) == 1
+    assert [call["DS"] == call["DSTREAM"] for call in launches] == [False, True, True, True]
 
 
 class PretendCuda(torch.Tensor):
