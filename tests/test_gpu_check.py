@@ -195,6 +195,7 @@ def test_routes_part_measures_the_three_routes(monkeypatch, capsys):
             assert r["best_switch_depth"] in (0, 1, 2)
 
 
+@pytest.mark.triton
 @pytest.mark.skipif(
     not triton_installed(), reason="triton is not installed (pip install -e '.[triton]')"
 )
