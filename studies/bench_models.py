@@ -6,8 +6,8 @@ Liu et al., "Understanding the Difficulty of Training Transformers" (arXiv 2004.
 Every model is built in this process through fairseq's own argument parsing of a registered
 ``--arch`` (fairseq's ``transformer``, the plugin's ``realformer_transformer``,
 ``postln_transformer_*``, ``admin_transformer_*``) with every size given explicitly, on a dummy
-dictionary. Used by ``studies.benchmark_speed`` (CPU) and ``studies.gpu_check`` (GPU,
-fp16/bf16).
+dictionary. Used by ``studies.benchmark_speed`` (CPU, float32); ``studies.gpu_check`` times
+fairseq's own Trainer on the same variants (``studies.bench_trainer``).
 """
 
 from pathlib import Path
@@ -139,49 +139,39 @@ def make_batch(
 
 
 class Bench:
-    """One variant on one device and dtype: model, criterion, Adam, beam-search generator.
-
-    In half precision the model runs in ``dtype`` and Adam updates float32 master copies of
-    the parameters, as fairseq's ``--fp16``/``--bf16`` optimizer does (without loss scaling:
-    the values do not matter here, the work does)."""
+    """One variant on the CPU benchmark (``studies.benchmark_speed``), in float32: model,
+    criterion, Adam, beam-search generator. Half precision is fairseq's own step
+    (``studies.bench_trainer``: ``Trainer.train_step`` with the optimizer ``--fp16`` /
+    ``--bf16`` build), not a loop of ours."""
 
     def __init__(
         self, name: str, sizes: Dict, dictionary, beam: int = 5, device: str = "cpu",
         dtype: torch.dtype = torch.float32,
     ):  # fmt: skip
+        if dtype != torch.float32:
+            raise ValueError(
+                f"Bench runs float32; {dtype} is fairseq's Trainer with --fp16/--bf16 "
+                "(studies.bench_trainer.TrainerBench)"
+            )
         variant = {**VARIANTS, **OPTIONAL_VARIANTS}[name]
         self.name, self.arch, self.flags = name, variant.arch, tuple(variant.flags)
         self.model, self.criterion = build(self.arch, sizes, dictionary, flags=self.flags)
         if variant.eager:
             force_eager_attention(self.model)
-        self.model.to(device=device, dtype=dtype)
-        self.params_in_dtype = list(self.model.parameters())
-        self.params = sum(p.numel() for p in self.params_in_dtype)
-        self.param_bytes = sum(p.numel() * p.element_size() for p in self.params_in_dtype)
-        self.master = self.params_in_dtype
-        if dtype != torch.float32:
-            self.master = [p.detach().float().requires_grad_() for p in self.params_in_dtype]
-        self.optimizer = torch.optim.Adam(self.master, lr=1e-5, foreach=False)
-        # weights, float32 master copies in half precision, Adam's two float32 moments
-        master_bytes = 0 if self.master is self.params_in_dtype else 4 * self.params
-        self.persistent_bytes = self.param_bytes + master_bytes + 2 * 4 * self.params
+        self.model.to(device=device)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        self.param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-5, foreach=False)
+        # weights and Adam's two float32 moments
+        self.persistent_bytes = self.param_bytes + 2 * 4 * self.params
         self.dictionary, self.beam, self.generators = dictionary, beam, {}
 
     def train_step(self, sample):
         self.model.train()
         loss, _, _ = self.criterion(self.model, sample)
         loss.backward()
-        has_master_copy = self.master is not self.params_in_dtype
-        if has_master_copy:
-            for master, p in zip(self.master, self.params_in_dtype):
-                master.grad = None if p.grad is None else p.grad.float()
-                p.grad = None
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if has_master_copy:
-            with torch.no_grad():
-                for master, p in zip(self.master, self.params_in_dtype):
-                    p.copy_(master)
         return loss.detach()
 
     def generate(self, sample, length: int):

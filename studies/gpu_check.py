@@ -1,8 +1,17 @@
 #!/usr/bin/env python
-"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, about 5 minutes on an H200.
+"""GPU check: RealFormer+ADMIN in fp16/bf16 on one GPU, planned to fit a budget.
 
 He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747);
 Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.07772).
+
+Every speed and memory row times fairseq's own ``Trainer.train_step`` built from the flags a
+user types (``studies.bench_trainer``). The parts run in ``gpu_plan.PARTS`` order: the triton
+route's exactness in training at this GPU's launch configurations (``triton_training``), the
+cases at the sizes users train (``cases``, ``studies.gpu_cases``: each row with its step,
+optimizer, the baseline's SDPA backend, and measured / predicted by ``studies.triton_cost``),
+then parts 0-4 below. Each row goes to the JSON (atomically) as soon as it is measured.
+``--plan`` prints the parts with estimated seconds, without a GPU (``studies.gpu_plan``);
+``--budget S`` skips the parts and cases that no longer fit, and says which.
 
 0. Precision (``studies.route_precision``): both routes of the residual score chains against
    the eager route in float64, per SDPA kernel (math, flash, memory-efficient, cuDNN), per
@@ -29,26 +38,29 @@ Liu et al., "Very Deep Transformers for Neural Machine Translation" (arXiv 2008.
    (``realformer_triton``, ``--residual-attention-impl triton``): training words/s and peak
    memory against ``vanilla`` and ``realformer_eager`` at lengths 32, 128, 512 and 2048, fp16
    and bf16, and its output and gradient errors against the eager route in float64 (float32,
-   fp16, bf16; fails above ``route_precision.TOLERANCE``); and in training
-   (``route_precision.triton_training_check``): attention dropout 0.1, lengths 337 and 811 (no
-   multiple of any block size: several blocks, ragged last ones), head size 64, fp16 and bf16,
-   against float64 eager with the kernels' own dropout masks, each run twice from one seed
-   (fails unless the two runs are identical). Without triton this part is one line and
-   skipped; ``--smoke`` runs it under Triton's interpreter (``TRITON_INTERPRET=1``) at toy
-   sizes (length 17, head size 16, chains of 2). Each row of the eager and triton routes is
+   fp16, bf16; fails above ``route_precision.TOLERANCE``); its exactness in training is the
+   first part, ``triton_training`` (``route_precision.triton_training_check``): attention
+   dropout 0.1, lengths 45, 337 and 811 (the launch table's short and long rows; no multiple
+   of any block size: several blocks, ragged last ones), head size 64, fp16 and bf16, against
+   float64 eager with the kernels' own dropout masks, each run twice from one seed (fails
+   unless the two runs are identical). Without triton these are one line and skipped;
+   ``--smoke`` runs them under Triton's interpreter (``TRITON_INTERPRET=1``) at toy sizes
+   (length 17, head size 16, chains of 2). Each row of the eager and triton routes is
    printed beside ``studies.triton_cost``'s prediction, scaled to the row's own vanilla step
    and peak memory (measured / predicted).
 
 Writes one JSON (default ``gpu_check.json``), prints a table, exits 1 if a check of part 0,
-part 1 or the triton route's precision (evaluation or training) fails. ``--smoke`` runs the same code on CPU at toy
-sizes (the default test suite runs its precision part; the whole smoke run is under
-``-m slow``).
+part 1 or the triton route's precision (evaluation or training) fails. ``--smoke`` runs the
+same code on CPU at toy sizes (the default test suite runs its precision part and the smallest
+case; the whole smoke run is under ``-m slow``).
 
 Sizes, dtypes, lengths and the compared variants (``bench_models.VARIANTS``) are data in
 ``FULL`` / ``SMOKE`` / ``DTYPES``.
 
 usage (from the repository root):
-    python -m studies.gpu_check [--out gpu_check.json] [--work-dir work_dirs/gpu_check]
+    python -m studies.gpu_check --plan --budget 540          # no GPU: the plan, exit 1 if over
+    python -m studies.gpu_check --budget 540 [--out gpu_check.json] [--parts ...]
+    python -m studies.gpu_check --smoke --parts cases --out /tmp/cases.json   # CPU, toy sizes
     python -m studies.gpu_check --smoke --out /tmp/smoke.json --work-dir /tmp/smoke
 """
 
@@ -62,15 +74,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Dict, List, Optional
 
 import torch
 
 from realformer_fairseq.atomic_files import write_json_atomic
 from realformer_fairseq.settings import TRITON_INSTALL, triton_installed
 
-from . import concat_rule, route_precision, triton_cost
+from . import bench_trainer, concat_rule, gpu_cases, gpu_plan, route_precision, triton_cost
 from .bench_measure import interleaved_rates, machine_info, peak_bytes, ratio_of_rates
-from .bench_models import Bench, dummy_dictionary, make_batch, quiet_route_logs
+from .bench_models import OPTIONAL_VARIANTS, VARIANTS, make_batch, quiet_route_logs
 from .runs import BIN, DEFAULT_DATA, REPO_ROOT, user_dir
 
 MODELS_60_12 = ("realformer_wmt_en_fr_60_12", "admin_transformer_wmt_en_fr_60_12")
@@ -93,8 +106,9 @@ FULL = dict(
                             precision_length=64, precision_dtypes=("float32", "fp16", "bf16"),
                             # in training, with attention dropout, at lengths that are no
                             # multiple of a block size, head size 64, chains of 6, run twice
-                            training=dict(lengths=(337, 811), dtypes=("fp16", "bf16"),
+                            training=dict(lengths=(45, 337, 811), dtypes=("fp16", "bf16"),
                                           dropout=0.1, embed=256, depth=6))),
+    cases=gpu_cases.CASES, timing=gpu_cases.TIMING,
 )  # fmt: skip
 SMOKE = dict(
     FULL, corpora=("newstest2013",), max_lines=600, bpe_merges=100, max_update=20,
@@ -117,8 +131,11 @@ SMOKE = dict(
                             # the interpreter: two blocks of 16, head size 16, chains of 2
                             training=dict(lengths=(17,), dtypes=("fp16", "bf16"), dropout=0.1,
                                           embed=64, depth=2))),
+    cases=gpu_cases.SMOKE_CASES, timing=gpu_cases.SMOKE_TIMING,
 )  # fmt: skip
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# what a plain run measures (gpu_plan.PARTS has them all, in run order)
+DEFAULT_PARTS = ("triton_training", "cases", "precision", "train", "speed", "routes")
 
 
 def run(cmds, logs):
@@ -221,28 +238,57 @@ def training_part(cfg, work: Path) -> dict:
     return result
 
 
-def speed_part(cfg, part=None, generation: bool = True) -> dict:
+def variant_bench(name: str, sizes: dict, dtype_name: str, device: str, dictionary):
+    """fairseq's Trainer on the variant's ``--arch`` and flags, as ``fairseq-train
+    --{dtype}`` builds it (``bench_trainer``): its ``train_step`` is the step timed."""
+    variant = {**VARIANTS, **OPTIONAL_VARIANTS}[name]
+    if variant.eager:
+        raise ValueError(f"{name}: fairseq's attention forced eager is no flag a user types")
+    argv = bench_trainer.trainer_argv(
+        "translation", variant.arch, sizes, dtype_name, 1024, device, variant.flags
+    )
+    return bench_trainer.TrainerBench(name, "translation", argv, dictionary)
+
+
+def generate(bench, dictionary, sample, length: int, beam: int = 5):
+    """Beam search with the output length pinned to ``length`` (``min_len = max_len``), so
+    that every variant decodes the same number of steps, even with random weights."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    generator = SequenceGenerator([bench.model], dictionary, beam_size=beam, max_len_a=0,
+                                  max_len_b=length, min_len=length)  # fmt: skip
+    bench.model.eval()
+    sample = bench.trainer._prepare_sample(sample)[0]  # on the model's device and dtype
+    hypos = generator.generate([bench.model], sample)
+    if {len(h[0]["tokens"]) for h in hypos} != {length + 1}:
+        raise RuntimeError(f"{bench.name}: generated length is not the pinned {length}")
+    return hypos
+
+
+def speed_part(cfg, part=None, generation: bool = True, on_row=lambda key, row: None) -> dict:
     """Each variant against the baseline (realformer vs vanilla) per size, dtype and sentence
-    length, interleaved; ``part`` (e.g. ``cfg["routes"]``) overrides sizes, lengths, batch,
-    repeats and variants."""
+    length, interleaved, each step fairseq's ``Trainer.train_step`` built from the flags;
+    ``part`` (e.g. ``cfg["routes"]``) overrides sizes, lengths, batch, repeats and variants;
+    ``on_row(key, row)`` as soon as a row is measured."""
     cfg = dict(cfg, **(part or {}))
     device, rows = cfg["device"], {}
-    dictionary = dummy_dictionary(cfg["vocab"])
+    dictionary = bench_trainer.dictionary_for("translation", cfg["vocab"])
+    step = bench_trainer.step_function_name()
     for size_name, sizes in cfg["sizes"].items():
-        for dtype_name, dtype in DTYPES.items():
-            benches = {v: Bench(v, sizes, dictionary, beam=5, device=device, dtype=dtype)
+        for dtype_name in DTYPES:
+            benches = {v: variant_bench(v, sizes, dtype_name, device, dictionary)
                        for v in cfg["variants"]}  # fmt: skip
             for length in cfg["lengths"]:
                 bsz = max(1, cfg["batch_tokens"] // length)
-                train = make_batch(dictionary, bsz, length, length, seed=1, device=device)
+                train = make_batch(dictionary, bsz, length, length, seed=1)
                 gen = make_batch(dictionary, min(bsz, cfg["gen_sentences"]), length, length,
-                                 seed=2, device=device)  # fmt: skip
+                                 seed=2)  # fmt: skip
                 for bench in benches.values():  # warm-up; ADMIN profiles on the first step
                     bench.train_step(train)
                     if generation:
-                        bench.generate(gen, length)
-                memory = {v: peak_bytes(lambda b=b: b.train_step(train), device) + b.persistent_bytes
-                          for v, b in benches.items()}  # fmt: skip
+                        generate(bench, dictionary, gen, length)
+                memory = {v: peak_bytes(lambda b=b: b.train_step(train), device)
+                          + b.persistent_bytes() for v, b in benches.items()}  # fmt: skip
                 wps = interleaved_rates(
                     {v: (lambda b=b: b.train_step(train)) for v, b in benches.items()},
                     {v: train["ntokens"] for v in benches}, cfg["repeats"], cfg["steps"], device,
@@ -250,10 +296,13 @@ def speed_part(cfg, part=None, generation: bool = True) -> dict:
                 sps = {v: [float("nan")] for v in benches}
                 if generation:
                     sps = interleaved_rates(
-                        {v: (lambda b=b: b.generate(gen, length)) for v, b in benches.items()},
+                        {v: (lambda b=b: generate(b, dictionary, gen, length))
+                         for v, b in benches.items()},
                         {v: gen["nsentences"] for v in benches}, cfg["repeats"], 1, device,
                     )  # fmt: skip
-                row = {"train_wps": wps, "gen_sents_per_s": sps, "peak_memory_bytes": memory,
+                row = {"step": step,
+                       "optimizer": {v: b.optimizer_name for v, b in benches.items()},
+                       "train_wps": wps, "gen_sents_per_s": sps, "peak_memory_bytes": memory,
                        "batch_sentences": bsz}  # fmt: skip
                 base, row["ratios"] = cfg["baseline"], {}
                 for v in cfg["variants"]:
@@ -265,7 +314,9 @@ def speed_part(cfg, part=None, generation: bool = True) -> dict:
                         }
                 row["kernels"] = route_kernels(benches)
                 row["predicted"] = predicted(cfg, sizes, length, row)
-                rows[f"{size_name} {dtype_name} len{length}"] = row
+                key = f"{size_name} {dtype_name} len{length}"
+                rows[key] = row
+                on_row(key, row)
             del benches
             if device.startswith("cuda"):
                 torch.cuda.empty_cache()
@@ -317,10 +368,12 @@ def route_kernels(benches) -> dict:
     }
 
 
-def routes_part(cfg) -> dict:
+def routes_part(cfg, on_row=lambda key, row: None) -> dict:
     """Part 4: the routes at model level, the switch depth per length, and precision."""
     routes = cfg["routes"]
-    result = {"models": speed_part(cfg, routes, generation=False), "rule": {}}
+    models = speed_part(cfg, routes, generation=False,
+                        on_row=lambda key, row: on_row(("models", key), row))  # fmt: skip
+    result = {"models": models, "rule": {}}
     for dtype_name in DTYPES:
         for layers in routes["rule_layers"]:
             args = concat_rule.parse_args([
@@ -334,11 +387,20 @@ def routes_part(cfg) -> dict:
                 concat_rule.measure(length, args.head_dims[0], max(1, args.tokens // length), args)
                 for length in args.lengths
             ]
-    result["triton"] = triton_part(cfg)
+            on_row(("rule", f"{dtype_name} L{layers}"), result["rule"][f"{dtype_name} L{layers}"])
+    result["triton"] = triton_part(cfg, on_row=lambda key, row: on_row(("triton",) + key, row))
     return result
 
 
-def triton_part(cfg) -> dict:
+def triton_skipped() -> Optional[str]:
+    if triton_installed():
+        return None
+    line = f"triton route: skipped, triton is not installed ({TRITON_INSTALL})"
+    print(line, flush=True)
+    return line
+
+
+def triton_part(cfg, on_row=lambda key, row: None) -> dict:
     """Part 4's triton route (``--residual-attention-impl triton``): training words/s and peak
     memory of ``realformer_triton`` and ``realformer_eager`` against ``vanilla`` at the routes'
     size, fp16 and bf16, at ``cfg["routes"]["triton"]["lengths"]``; and its errors against the
@@ -346,22 +408,33 @@ def triton_part(cfg) -> dict:
     float32, fp16 and bf16; float32 alone in the smoke run, whose interpreter is slow), which
     fail the check above the tolerance. Without triton: one line, and
     ``{"skipped": line}``."""
-    if not triton_installed():
-        line = f"triton route: skipped, triton is not installed ({TRITON_INSTALL})"
-        print(line, flush=True)
-        return {"skipped": line}
+    skipped = triton_skipped()
+    if skipped:
+        return {"skipped": skipped}
     part = dict(cfg["routes"], **cfg["routes"]["triton"])
-    training = part["training"]
-    return {
-        "models": speed_part(cfg, part, generation=False),
-        "precision": route_precision.triton_check(
-            cfg["device"], list(part["precision_dtypes"]), part["precision_length"]
-        ),
-        "training_precision": route_precision.triton_training_check(
-            cfg["device"], list(training["dtypes"]), tuple(training["lengths"]),
-            training["dropout"], training["embed"], training["depth"],
-        ),  # fmt: skip
-    }
+    models = speed_part(cfg, part, generation=False,
+                        on_row=lambda key, row: on_row(("models", key), row))  # fmt: skip
+    precision = route_precision.triton_check(
+        cfg["device"], list(part["precision_dtypes"]), part["precision_length"]
+    )
+    on_row(("precision",), precision)
+    return {"models": models, "precision": precision}
+
+
+def triton_training_part(cfg) -> dict:
+    """The triton route's exactness in training, first of a GPU run: attention dropout, head
+    size 64, chains of 6, at lengths that take each of the launch table's configurations on
+    this GPU (a short one and two long ones, no multiple of a block size), fp16 and bf16,
+    against float64 eager with the kernels' own masks, each run twice from one seed
+    (``route_precision.triton_training_check``). Without triton: one line, skipped."""
+    skipped = triton_skipped()
+    if skipped:
+        return {"skipped": skipped}
+    training = cfg["routes"]["triton"]["training"]
+    return route_precision.triton_training_check(
+        cfg["device"], list(training["dtypes"]), tuple(training["lengths"]),
+        training["dropout"], training["embed"], training["depth"],
+    )  # fmt: skip
 
 
 def print_predictions(routes: dict):
@@ -389,15 +462,118 @@ def print_predictions(routes: dict):
             )
 
 
+class IncrementalReport:
+    """The run's JSON, written out whole (atomically) every time a row is measured, so that a
+    run killed part-way keeps every row it measured."""
+
+    def __init__(self, path: Path, data: Dict):
+        self.path, self.data = path, data
+        self.write()
+
+    def put(self, keys, value):
+        node = self.data
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+        self.write()
+
+    def write(self):
+        write_json_atomic(self.path, self.data)
+
+
+def case_predictor(cfg) -> Callable[[Dict], Dict]:
+    """``studies.triton_cost``'s prediction for a case row on this device (the H100's ceilings
+    on anything else, said), beside the measured speed ratio."""
+    fit = triton_cost.fit_and_check()
+    floor = fit["fitted"]["torch_launch_floor_s"] if fit else triton_cost.LAUNCH_FLOOR_S["torch"]
+    gpu_name = triton_cost.gpu_for(device_name(cfg["device"]))[0]
+    table_name = "H200" if gpu_name == "H200" else "H100 SXM"
+
+    def predict(row):
+        case = dict(cfg["cases"][row["case"]], sizes=row["sizes"], batch=row["batch"])
+        p = triton_cost.case_route_prediction(row["case"], case, row["dtype"], row["route"],
+                                              table_name, floor)  # fmt: skip
+        out = {"gpu": gpu_name, **p}
+        if p["modelled"]:
+            out["measured_over_predicted_speed"] = row["ratios"]["train_wps"] / p["speed"]
+        return out
+
+    return predict
+
+
+def cases_part(cfg, report: IncrementalReport, budget: gpu_plan.Budget,
+               estimates: Dict[str, float], routes=tuple(gpu_cases.ROUTES)) -> Dict:  # fmt: skip
+    """Every case of ``cfg["cases"]`` that fits the budget, each row written out as soon as it
+    is measured (``report["cases"][key]``)."""
+    predict = case_predictor(cfg)
+    rows = {}
+    gpu = triton_cost.gpu_for(device_name(cfg["device"]))[0]
+    print(
+        "| case dtype route | optimizer | baseline's SDPA | train words/s vs baseline: measured"
+        f" / predicted ({gpu}) = ratio | peak memory vs baseline |\n|---|---|---|---|---|",
+        flush=True,
+    )
+    for name, case in cfg["cases"].items():
+        if not budget.allows(f"cases {name}", estimates.get(name, 0.0)):
+            continue
+
+        def on_row(key, row):
+            rows[key] = row
+            report.put(("cases", key), row)
+            print_case_row(key, row)
+
+        gpu_cases.case_rows(name, case, cfg["device"], cfg["timing"], routes, on_row, predict)
+    return rows
+
+
+def print_case_row(key: str, row: Dict):
+    if "skipped" in row:
+        print(f"| {key} | skipped: {row['skipped']} |", flush=True)
+        return
+    r, p = row["ratios"], row.get("predicted", {})
+    if p.get("modelled"):
+        predicted = (
+            f"{r['train_wps']:.3f} / {p['speed']:.3f} = {p['measured_over_predicted_speed']:.2f}"
+        )
+    else:
+        predicted = f"{r['train_wps']:.3f} / - ({p.get('why', 'no prediction')})"
+    print(f"| {key} | {row['optimizer']} | {row['sdpa_backend']} | {predicted} | "
+          f"{r['peak_memory']:.3f} |", flush=True)  # fmt: skip
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--smoke", action="store_true", help="CPU, toy sizes: the same code path")
     p.add_argument("--out", type=Path, default=Path("gpu_check.json"))
     p.add_argument("--work-dir", type=Path, default=REPO_ROOT / "work_dirs" / "gpu_check")
-    p.add_argument("--parts", nargs="+", choices=("precision", "train", "speed", "routes"),
-                   default=["precision", "train", "speed", "routes"])  # fmt: skip
+    p.add_argument("--parts", nargs="+", choices=gpu_plan.PARTS, default=list(DEFAULT_PARTS))
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=None,
+        help="seconds: run the parts in order, skip those that no longer fit",
+    )
+    p.add_argument(
+        "--plan",
+        action="store_true",
+        help="print the parts in run order with estimated seconds (no GPU needed); "
+        "exit 1 when over --budget",
+    )
+    p.add_argument("--gpu", choices=("H100", "H200"), default="H100",
+                   help="the GPU --plan estimates for (a run uses its own)")  # fmt: skip
     args = p.parse_args(argv)
     cfg = SMOKE if args.smoke else FULL
+    if args.plan:
+        gpu_name = "H200" if args.gpu == "H200" else "H100 SXM"
+        steps = gpu_plan.within_budget(
+            gpu_plan.plan(cfg, args.parts, gpu_name, gpu_cases.ROUTES), args.budget
+        )
+        print("\n".join(gpu_plan.plan_lines(steps, gpu_name)))
+        if gpu_plan.plan_fails(steps, args.budget):
+            print(f"over the budget of {args.budget:.0f} s, or a required part "
+                  f"({', '.join(gpu_plan.REQUIRED_PARTS)}) left out", file=sys.stderr)  # fmt: skip
+            return 1
+        return 0
     if args.smoke and triton_installed():
         # the triton route's kernels on CPU tensors: Triton's interpreter, which Triton reads
         # when the kernels are defined (the route imports them when a model is built)
@@ -407,22 +583,53 @@ def main(argv=None) -> int:
         p.error("no CUDA device; use --smoke for the CPU smoke run")
     torch.manual_seed(0)
     t0 = time.time()
-    report = {"smoke": args.smoke, "machine": machine_info()}
-    if "precision" in args.parts:  # first: seconds, and the part a wrong kernel fails
-        report["precision"] = route_precision.check(
-            cfg["device"], list(route_precision.DTYPES), cfg["routes"]["precision_length"]
+    budget = gpu_plan.Budget(args.budget)
+    start = {"smoke": args.smoke, "machine": machine_info(), "parts": [], "part_seconds": {},
+             "skipped": []}  # fmt: skip
+    report = IncrementalReport(args.out, start)
+    gpu_name = triton_cost.gpu_for(device_name(cfg["device"]))[0]
+    estimates = []  # only a budget needs them
+    if args.budget is not None:
+        estimates = gpu_plan.plan(
+            cfg, args.parts, "H200" if gpu_name == "H200" else "H100 SXM", gpu_cases.ROUTES
         )
-    if "train" in args.parts:
-        report["training"] = training_part(cfg, args.work_dir)
-    if "speed" in args.parts:
-        report["speed"] = speed_part(cfg)
-    if "routes" in args.parts:
-        report["routes"] = routes_part(cfg)
-    report["wall_seconds"] = round(time.time() - t0, 1)
-    write_json_atomic(args.out, report)
+    part_estimates = {}
+    case_estimates = {}
+    for e in estimates:
+        part_estimates[e["part"]] = part_estimates.get(e["part"], 0.0) + e["seconds"]
+        if "case" in e:
+            case_estimates[e["case"]] = e["seconds"]
+    for part in gpu_plan.PARTS:
+        if part not in args.parts:
+            continue
+        # the cases part is budgeted case by case
+        if part != "cases" and not budget.allows(part, part_estimates.get(part, 0.0)):
+            report.put(("skipped",), budget.skipped)
+            continue
+        start = time.time()
+        if part == "triton_training":
+            report.put(("triton_training",), triton_training_part(cfg))
+        elif part == "cases":
+            cases_part(cfg, report, budget, case_estimates)
+        elif part == "precision":  # seconds, and the part a wrong kernel fails
+            report.put(("precision",), route_precision.check(
+                cfg["device"], list(route_precision.DTYPES), cfg["routes"]["precision_length"]
+            ))  # fmt: skip
+        elif part == "train":
+            report.put(("training",), training_part(cfg, args.work_dir))
+        elif part == "speed":
+            speed_part(cfg, on_row=lambda key, row: report.put(("speed", key), row))
+        elif part == "routes":
+            routes_part(cfg, on_row=lambda keys, row: report.put(("routes",) + tuple(keys), row))
+        report.data["parts"].append(part)
+        report.put(("part_seconds", part), round(time.time() - start, 1))
+        report.put(("skipped",), budget.skipped)
+    report.put(("wall_seconds",), round(time.time() - t0, 1))
+    report = report.data
 
-    print("| size, dtype, length | ratio | train words/s | peak memory | generation sents/s |")
-    print("|---|---|---|---|---|")
+    if report.get("speed") or report.get("routes"):
+        print("| size, dtype, length | ratio | train words/s | peak memory | generation sents/s |")
+        print("|---|---|---|---|---|")
     for name, row in report.get("speed", {}).items():
         for key, r in row["ratios"].items():
             print(f"| {name} | {key} | {r['train_wps']:.3f} | {r['peak_memory']:.3f} "
@@ -445,18 +652,20 @@ def main(argv=None) -> int:
     triton = routes.get("triton", {})
     if "precision" in triton:
         print("\n".join(route_precision.triton_summary_lines(triton["precision"])))
-    if "training_precision" in triton:
-        lines = route_precision.triton_training_summary_lines(triton["training_precision"])
-        print("\n".join(lines))
+    training = report.get("triton_training", {})
+    if "passed" in training:
+        print("\n".join(route_precision.triton_training_summary_lines(training)))
     checks = dict(report.get("training", {}).get("checks", {}))
     if "precision" in report:
         checks["precision_of_both_routes_on_every_kernel"] = report["precision"]["passed"]
     if "precision" in triton:
         checks["precision_of_the_triton_route"] = triton["precision"]["passed"]
-    if "training_precision" in triton:
-        checks["precision_of_the_triton_route_in_training"] = triton["training_precision"]["passed"]
+    if "passed" in training:
+        checks["precision_of_the_triton_route_in_training"] = training["passed"]
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'} {name}")
+    for line in report["skipped"]:
+        print(line)
     print(f"wrote {args.out} in {report['wall_seconds']:.0f}s")
     return 0 if all(checks.values()) else 1
 

@@ -195,6 +195,7 @@ def test_routes_part_measures_the_three_routes(monkeypatch, capsys):
             assert r["best_switch_depth"] in (0, 1, 2)
 
 
+@pytest.mark.triton
 @pytest.mark.skipif(
     not triton_installed(), reason="triton is not installed (pip install -e '.[triton]')"
 )
@@ -221,7 +222,7 @@ def test_triton_part_measures_the_triton_route_and_its_precision():
     # in training: attention dropout 0.1, 17 tokens (two blocks of 16 in the interpreter, the
     # last ragged), fp16 and bf16, against float64 eager with the kernels' own masks; two runs
     # from one seed identical; the masks visibly drop (a wrong mask would be off by as much)
-    training = result["training_precision"]
+    training = gpu_check.triton_training_part(gpu_check.SMOKE)  # a GPU run's first part
     assert training["passed"] and (training["lengths"], training["dropout"]) == ([17], 0.1)
     assert (training["head_size"], training["layers"]) == (16, 2)
     assert set(training["dtypes"]) == {"fp16", "bf16"}

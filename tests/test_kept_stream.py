@@ -250,6 +250,31 @@ def test_a_stream_the_caller_holds_keeps_its_values():
         assert torch.equal(held.detach(), value)
 
 
+def test_the_chain_rebuilds_its_one_stream_in_place(monkeypatch):
+    """Four layers: each rebuild (a link kept again, by the backward of the layer above it)
+    writes into one buffer, a copy of the chain's last stream, which the caller holds (storage
+    identity). Fails where ``writable_stream`` copies a stream nobody else holds."""
+    rebuilt, kept_once, keep = [], {}, shared.StreamLink.keep
+
+    def recording_keep(self, stream):
+        if id(self) in kept_once:
+            rebuilt.append(stream.untyped_storage().data_ptr())  # the address: no reference
+        kept_once[id(self)] = self  # held, so that no later link takes a freed one's id
+        return keep(self, stream)
+
+    monkeypatch.setattr(shared.StreamLink, "keep", recording_keep)
+    _, kept = chain_pair(CASES[1], "sum", depth=4)
+    query, _, _, padding = inputs(CASES[1], 6)
+    x, stream = query.requires_grad_(), None
+    for idx, module in enumerate(kept):
+        x, _, stream, _, _ = module(x, x, x, key_padding_mask=padding, prev_attn_scores=stream,
+                                    layer_idx=idx)  # fmt: skip
+    (x.sum() + stream.square().sum()).backward()
+    assert len(rebuilt) == 3  # S_3, S_2, S_1
+    assert len(set(rebuilt)) == 1, "a layer's backward copied the stream it rebuilds"
+    assert rebuilt[0] != stream.untyped_storage().data_ptr()  # the caller's: copied once
+
+
 @pytest.mark.parametrize("mode", ["sum", "mean"])
 def test_layers_above_without_gradient_leave_the_stream_rebuilt_from_the_top(mode, hand_overs):
     """Layers 2 and 3 take the streams of 1 and 2, but only layer 1's output reaches the loss

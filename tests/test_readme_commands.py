@@ -161,7 +161,8 @@ def run_block(cwd: Path, text: str, lang: str = "bash", timeout: int = 900):
 
 
 def check_ci(block, **_):
-    """install.sh and the test suite itself: run by CI (.ci/run), as printed."""
+    """install.sh and the test suite itself: run by CI (.ci/run), as printed (the triton tests
+    with the Python of CI's triton venv)."""
     ci = (REPO_ROOT / ".ci" / "run").read_text(encoding="utf-8")
     for command in commands_of(block[3]):
         words, name = program(command)
@@ -170,7 +171,11 @@ def check_ci(block, **_):
         else:
             assert words[:3] == [".venv/bin/python", "-m", "pytest"], command
             selection = " ".join(shlex.quote(w) for w in words[3:])
-            assert re.search(rf"run_pytest {re.escape(selection)}\s", ci), (selection, ci)
+            line = re.search(rf"^(.*)run_pytest {re.escape(selection)}\s", ci, re.M)
+            assert line, (selection, ci)
+            # the variables it is printed with (TRITON_INTERPRET=1), CI's line sets too
+            settings = command[: len(command) - len(words)]
+            assert set(settings) <= set(line.group(1).split()), (settings, line.group(0))
 
 
 def check_install_into_env(block, tmp_path, **_):
@@ -526,7 +531,7 @@ def check_tf_finetune(block, layout, **_):
 
 
 CHECKERS = [
-    ("ci", check_ci, r"^(bash scripts/install\.sh|\.venv/bin/python -m pytest)"),
+    ("ci", check_ci, r"^(bash scripts/install\.sh|([A-Z_]+=\S+ )*\.venv/bin/python -m pytest)"),
     ("quickstart", check_quickstart, r"^bash scripts/quickstart\.sh"),
     ("install-into-env", check_install_into_env, r"bash scripts/install_into_env\.sh"),
     ("torchrun-cpu", check_torchrun_cpu, r"torchrun --nproc_per_node 2 --no-python"),

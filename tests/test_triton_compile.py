@@ -2,7 +2,8 @@
 the project measures on, without a GPU, into code without register spills or GPU-wide fences:
 every kernel (the forward; the backward's delta, key-block and dq passes) at every configuration
 the route launches (``launch_configs``: short and long sequences) for A100 (sm_80) and H100/H200
-(sm_90), float16 and bfloat16 at head sizes 32, 64 and 128, float32 at head size 128, and
+(sm_90), float16 and bfloat16 at head sizes 32, 64 and 128 (and 80 and 96, not powers of two:
+each at both targets), float32 at head size 128, and
 sm_86 (99 KB of shared memory per block; the same table) at float16 and head size 128, with
 every optional input present (previous stream, key padding, the running mean, dropout, the
 stream gradient in and out), each kernel twice: with the causal mask made from the indices and
@@ -14,9 +15,9 @@ reports the registers and the spill stores and loads (must be 0); triton's metad
 memory (must fit the target's per-block limit);
 ``cuobjdump -sass`` on its cubin must hold no GPU- or system-scope memory fence (``MEMBAR.*.GPU``,
 ``MEMBAR.*.SYS``, ``MEMBAR.SC``) and no L1 invalidation (``CCTL.IVALL``): what an
-acquire-release atomic compiles to; nor any global atomic (``ATOM``, ``RED``: the backward is
-deterministic because it has none). ``-s`` prints each kernel's row of docs/benchmarks.md's
-configuration table (registers, spills, shared memory, blocks per SM).
+acquire-release atomic compiles to; nor any global atomic (``ATOM``, ``RED``, Hopper's ``REDG``:
+the backward is deterministic because it has none). ``-s`` prints each kernel's row of
+docs/benchmarks.md's configuration table (registers, spills, shared memory, blocks per SM).
 
 Triton's interpreter (tests/test_triton_kernels.py) accepts code the compiler refuses (block
 sizes, masked edges, tl.dot's dtypes), so this is the check that the kernels are GPU code. Each
@@ -32,6 +33,9 @@ import subprocess
 import sys
 
 import pytest
+
+# out of the default suite, run by -m triton (.ci/run's triton job)
+pytestmark = pytest.mark.triton
 
 # looked up, not imported: triton's mode (compiled or interpreted) is fixed by the first import
 # in a process, which tests/test_triton_kernels.py makes with TRITON_INTERPRET=1
@@ -50,9 +54,10 @@ SM_SHARED = {80: 167936, 86: 102400, 90: 233472}
 SM_THREADS = {80: 2048, 86: 1536, 90: 2048}
 SM_BLOCKS = {80: 32, 86: 16, 90: 32}
 # what acquire-release (or sequentially consistent) atomics and fences compile to; and any
-# global atomic (ATOM, RED): the backward is deterministic because it has none
+# global atomic (ATOM, ATOMG, RED; REDG on sm_90): the backward is deterministic because it has
+# none. Not REDUX (a reduction across a warp's registers)
 FENCE = re.compile(
-    r"\bMEMBAR\.(?:\w+\.)*(?:GPU|SYS)\b|\bMEMBAR\.SC\b|\bCCTL\.IVALL\b|\bATOMG?\.\S+|\bRED\.\S+"
+    r"\bMEMBAR\.(?:\w+\.)*(?:GPU|SYS)\b|\bMEMBAR\.SC\b|\bCCTL\.IVALL\b|\bATOMG?\.\S+|\bREDG?\.\S+"
 )
 
 # compiles one configuration's kernels; prints each one's ptxas report and SASS fences as JSON
@@ -162,6 +167,8 @@ CONFIGS = [
     for dtype in ("float16", "bfloat16")
     for head_dim in (32, 64, 128)
 ] + [(80, "float32", 128), (90, "float32", 128), (86, "float16", 128)]
+# head sizes that are not powers of two (padded to 128 in the kernels, masked to the head)
+CONFIGS += [(80, "float16", 80), (80, "bfloat16", 96), (90, "bfloat16", 80), (90, "float16", 96)]
 
 
 def blocks_per_sm(arch, registers, num_warps, shared):
@@ -218,17 +225,21 @@ def test_kernels_compile_without_spills_or_fences_within_shared_memory(
 
 
 def test_the_fence_pattern_finds_what_acquire_release_atomics_compile_to():
-    """The SASS lines the issue found around the old backward's dq atomics (and a relaxed
-    atomic add: no fence, but not deterministic), not the forward's CTA-scope fence before
-    wgmma (normal: not a GPU-wide fence)."""
+    """The SASS lines the issue found around the old backward's dq atomics (and relaxed atomic
+    adds: no fence, but not deterministic; sm_80 spells them RED, sm_90 REDG), not the
+    forward's CTA-scope fence before wgmma (normal: not a GPU-wide fence) nor a warp's REDUX."""
     sass = (
         "/*0a10*/ MEMBAR.ALL.GPU ;\n/*0a20*/ CCTL.IVALL ;\n/*0a30*/ MEMBAR.SC.GPU ;\n"
         "/*0a40*/ MEMBAR.ALL.SYS ;\n/*0a50*/ MEMBAR.SC ;\n/*0b00*/ MEMBAR.ALL.CTA ;\n"
         "/*0b10*/ RED.E.ADD.F32.FTZ.RN.STRONG.GPU [R2.64], R5 ;\n"
+        "/*0b20*/ REDG.E.ADD.F32.FTZ.RN.STRONG.GPU desc[UR6][R2.64], R5 ;\n"
+        "/*0b30*/ ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU PT, R7, desc[UR6][R2.64], R5 ;\n"
+        "/*0b40*/ REDUX.SUM UR5, R4 ;\n"
     )
     assert [m.group(0) for m in FENCE.finditer(sass)] == [
         "MEMBAR.ALL.GPU", "CCTL.IVALL", "MEMBAR.SC.GPU", "MEMBAR.ALL.SYS", "MEMBAR.SC",
-        "RED.E.ADD.F32.FTZ.RN.STRONG.GPU",
+        "RED.E.ADD.F32.FTZ.RN.STRONG.GPU", "REDG.E.ADD.F32.FTZ.RN.STRONG.GPU",
+        "ATOMG.E.ADD.F32.FTZ.RN.STRONG.GPU",
     ]  # fmt: skip
 
 

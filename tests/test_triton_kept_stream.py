@@ -26,6 +26,9 @@ import logging  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# out of the default suite, run by -m triton (.ci/run's triton job)
+pytestmark = pytest.mark.triton
+
 pytest.importorskip(
     "triton", reason="triton is not installed (the triton extra: pip install -e '.[triton]')"
 )

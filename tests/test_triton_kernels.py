@@ -18,6 +18,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# the interpreter's tests: out of the default suite, run by -m triton (.ci/run's triton job)
+pytestmark = pytest.mark.triton
+
 triton = pytest.importorskip(
     "triton", reason="triton is not installed (the triton extra: pip install -e '.[triton]')"
 )

@@ -9,8 +9,8 @@ reason said once); the dropout probability the kernel is given; what happens wit
 Each model-level comparison runs twice: with ``torch`` (a pure-torch stand-in of
 ``triton_function.residual_attention``, written here from the eager formula, so that the
 route's own wiring is tested without triton) and with ``triton`` (the real kernels under
-Triton's interpreter on this CPU, ``TRITON_INTERPRET=1``; skipped where triton is not
-installed, e.g. the default venv: ``pip install -e '.[triton]'``, or ``.ci/run``'s triton job).
+Triton's interpreter on this CPU, ``TRITON_INTERPRET=1``; marked ``triton``, out of the default
+suite: ``-m triton`` after ``pip install -e '.[triton]'``, as ``.ci/run``'s triton job runs it).
 """
 
 import logging
@@ -102,7 +102,8 @@ def torch_residual_attention(
     return torch.bmm(probs.to(v.dtype), v), stream
 
 
-@pytest.fixture(params=["torch", "triton"])
+# the real kernels' runs are out of the default suite, run by -m triton (.ci/run's triton job)
+@pytest.fixture(params=["torch", pytest.param("triton", marks=pytest.mark.triton)])
 def kernel(request, monkeypatch):
     """The route's kernel: the stand-in (its calls recorded in ``.calls``) or the real one."""
     route_warnings._SAID.clear()
@@ -643,6 +644,7 @@ def test_auto_never_builds_the_triton_route_until_a_measurement_exists(kernel, m
 # ---------------------------------------------------------------- fairseq-train
 
 
+@pytest.mark.triton
 @pytest.mark.skipif(not TRITON, reason=NO_TRITON)
 def test_fairseq_train_with_the_triton_route_logs_the_losses_of_the_eager_route(tiny_bin, tmp_path):
     """A real fairseq-train of realformer_tiny on CPU, the kernels under Triton's interpreter,

@@ -102,6 +102,7 @@ class _KeptStreamAttention(torch.autograd.Function):
                     [grad for _, grad in outputs],
                     allow_unused=True,
                 )
+                del stream_, attn, probabilities, outputs  # aliases of S_l: it would be copied
             if d_stream is not None:
                 d_total = d_stream if d_total is None else d_total.add_(d_stream)
             raw_scores = module.raw_scores(q_, k_, bsz, bsz)

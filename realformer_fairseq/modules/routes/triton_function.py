@@ -337,6 +337,8 @@ def _check(
         raise ValueError(
             f"triton residual attention takes float16/bfloat16/float32/float64, got {q.dtype}"
         )
+    if q.dtype == torch.float64 and q.device.type == "cuda":  # the table has no float64 row
+        raise ValueError("the triton kernels take float64 in the interpreter only, not on CUDA")
     if k.dtype != q.dtype or v.dtype != q.dtype:
         raise ValueError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if q.dim() != 3 or k.dim() != 3 or v.shape != k.shape:

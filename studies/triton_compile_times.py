@@ -1,0 +1,143 @@
+#!/usr/bin/env python
+"""Seconds Triton takes to compile each kernel of the triton route for an H100/H200 (sm_90),
+measured without a GPU: what ``studies.gpu_check --plan`` adds for the compiles of a run.
+
+He et al., "RealFormer: Transformer Likes Residual Attention" (arXiv 2012.11747): the route's
+fused kernels (``realformer_fairseq/modules/routes/triton_kernels.py``: the forward; in backward
+``delta``, the key-block pass and the dq pass).
+
+Each (kernel, launch configuration) the route launches at head size 64 in fp16 and bf16
+(``launch_configs``), each mask kind (the causal mask from the indices; key padding read) and
+with its optional inputs off and on (the first layer of a chain, a middle one), compiled by
+``triton.compile`` for ``GPUTarget("cuda", 90, 32)`` into a fresh cache, one after another in
+this process (needs triton, not TRITON_INTERPRET; no GPU). Writes
+``docs/benchmarks/triton_compile_times.json`` with the date, the command and the machine.
+
+usage (from the repository root):
+    .venv-triton/bin/python -m studies.triton_compile_times [--json PATH]
+"""
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .runs import REPO_ROOT
+
+DEFAULT_JSON = REPO_ROOT / "docs" / "benchmarks" / "triton_compile_times.json"
+# the optional inputs of a chain's first layer (none) and of a middle one (all)
+FLAGS = ("HAS_PREV", "DIVIDE", "HAS_DSTREAM", "REBUILD", "DROPOUT")
+INPUT_DTYPE = ("Q", "K", "V", "OUT", "DOUT", "DK", "DV", "DQ")
+FLOATS = ("divisor", "mask_value", "dropout_p")
+UNIT = ("sq_d", "sk_d", "sv_d", "sp_s", "sds_s", "sm_s", "skpm_s", "sdo_d")
+ALIGNED = ("sq_b", "sq_t", "sk_b", "sk_s", "sv_b", "sv_s", "sdo_b", "sdo_t")
+MASKS = {"causal": {"CAUSAL": True, "HAS_MASK": False, "HAS_KPM": False},
+         "key padding": {"CAUSAL": False, "HAS_MASK": False, "HAS_KPM": True}}  # fmt: skip
+
+
+def measure(head_dim: int = 64, dtypes=("float16", "bfloat16"), arch: int = 90):
+    import torch
+    import triton.language as tl
+    from triton import compile
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from realformer_fairseq.modules.routes import triton_kernels as ta
+    from realformer_fairseq.modules.routes import triton_launch
+
+    kernels = {"forward": ta._forward_kernel, "delta": ta._delta_kernel,
+               "backward": ta._backward_kernel, "dq": ta._dq_kernel}  # fmt: skip
+    rows, seen = [], set()
+    for dtype_name in dtypes:
+        dtype = getattr(torch, dtype_name)
+        short = {"float16": "fp16", "bfloat16": "bf16"}[dtype_name]
+        for kernel_name, cfg in triton_launch.launch_configs(head_dim, dtype, (arch // 10, arch % 10)):
+            kernel = kernels[kernel_name]
+            variants = [("", "")] if kernel_name == "delta" else [
+                (mask, inputs) for mask in MASKS for inputs in ("first layer", "middle layer")
+            ]  # fmt: skip
+            for mask, inputs in variants:
+                consts = {
+                    "HEAD_DIM": head_dim, "BLOCK_D": triton_launch.padded_head_dim(head_dim),
+                    "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "ACC": tl.float32,
+                    "PRECISION": "ieee", "UPCAST": False,
+                }  # fmt: skip
+                consts = {k: v for k, v in consts.items() if k in kernel.arg_names}
+                on = inputs == "middle layer"
+                consts.update({f: on for f in FLAGS if f in kernel.arg_names})
+                consts.update({f: v for f, v in MASKS.get(mask, {}).items()
+                               if f in kernel.arg_names})  # fmt: skip
+                consts.update({name: 1 for name in UNIT if name in kernel.arg_names})
+                key = (dtype_name, kernel_name, tuple(cfg), tuple(sorted(map(str, consts.items()))))
+                if key in seen:  # a kernel without these inputs (dq, delta): one compile
+                    continue
+                seen.add(key)
+                signature, attrs = {}, {}
+                for i, name in enumerate(kernel.arg_names):
+                    if name in consts:
+                        signature[name] = "constexpr"
+                    elif name.isupper():
+                        pointee = (
+                            short if name in INPUT_DTYPE else "i8" if name == "KPM" else "fp32"
+                        )
+                        signature[name] = "*" + pointee
+                        attrs[(i,)] = [["tt.divisibility", 16]]
+                    else:
+                        signature[name] = "fp32" if name in FLOATS else "i32"
+                        if name in ALIGNED:
+                            attrs[(i,)] = [["tt.divisibility", 16]]
+                start = time.perf_counter()
+                compile(
+                    ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs),
+                    target=GPUTarget("cuda", arch, 32),
+                    options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
+                )
+                rows.append(dict(dtype=dtype_name, head_dim=head_dim, kernel=kernel_name,
+                                 config=list(cfg), mask=mask, inputs=inputs,
+                                 seconds=round(time.perf_counter() - start, 2)))  # fmt: skip
+                print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def summary(rows):
+    """Median seconds per kernel (over dtypes, configurations, masks and inputs)."""
+    out = {}
+    for name in sorted({r["kernel"] for r in rows}):
+        out[name] = statistics.median(r["seconds"] for r in rows if r["kernel"] == name)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json", type=Path, default=DEFAULT_JSON)
+    args = p.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        p.error("unset TRITON_INTERPRET: this measures the compiler")
+    os.environ.setdefault("TRITON_CACHE_DIR", tempfile.mkdtemp(prefix="triton-cache-"))
+    t0 = time.time()
+    rows = measure()
+    from .bench_measure import machine_info
+
+    report = dict(
+        date=datetime.date.today().isoformat(),
+        command="TRITON_DEFAULT_FP_FUSION=1 .venv-triton/bin/python -m studies.triton_compile_times",
+        target="sm_90 (triton GPUTarget('cuda', 90, 32)), no GPU",
+        machine=machine_info(),
+        wall_seconds=round(time.time() - t0, 1),
+        median_seconds_per_kernel=summary(rows),
+        kernels=rows,
+    )
+    from realformer_fairseq.atomic_files import write_json_atomic
+
+    write_json_atomic(args.json, report)
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
