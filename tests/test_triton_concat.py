@@ -1,0 +1,181 @@
+"""The triton route's concat phase (realformer_fairseq/modules/routes/triton_concat_*.py), run on
+CPU tensors by Triton's interpreter, against the eager route's own stream and attention
+(``add_to_stream`` / ``_attend_stream``) layer by layer over a chain (RealFormer, arXiv
+2012.11747: ``S_l = sum_{i<=l} Q_i K_i^T``, softmax over the masked ``S_l`` (divided by ``l + 1``
+for the running mean), ``P V_l``): every layer's output and every gradient of every layer's q,
+k and v, in float64, within 1e-12 of the largest, at the interpreter's 16-wide blocks and at
+the blocks an H100 launches. Needs triton; skipped without it.
+
+TRITON_INTERPRET=1 must be set before triton is first imported in the process: this file sets
+it at collection, and fails with one line where something imported triton earlier without it."""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip(
+    "triton", reason="triton is not installed (the triton extra: pip install -e '.[triton]')"
+)
+
+from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention  # noqa: E402
+from realformer_fairseq.modules.routes import triton_concat_function as tc  # noqa: E402
+from realformer_fairseq.modules.routes import triton_concat_launch  # noqa: E402
+from realformer_fairseq.modules.routes import triton_function as ta  # noqa: E402
+
+pytestmark = pytest.mark.triton
+
+HEADS = 2
+HEAD_DIM = 8  # padded to the kernels' 16
+TOLERANCE = 1e-12  # float64, relative to max(1, the largest reference value)
+
+
+@pytest.fixture(autouse=True)
+def interpreted():
+    if not isinstance(triton.language.random.rand, InterpretedFunction):
+        pytest.fail("triton was imported before TRITON_INTERPRET=1 was set in this process")
+
+
+def padding(lengths, src_len, left=False):
+    """(bsz, src_len) bool, True at the padded keys of sentences of ``lengths``."""
+    pos = torch.arange(src_len)
+    rows = [(pos < src_len - n) if left else (pos >= n) for n in lengths]
+    return torch.stack(rows)
+
+
+def chain_inputs(layers, bsz, tgt_len, src_len, seed=0):
+    """Per layer: scaled q, k, v (float64 leaves) and the output's gradient."""
+    g = torch.Generator().manual_seed(seed)
+    bh = bsz * HEADS
+    per_layer = []
+    for _ in range(layers):
+        q = (torch.randn(bh, tgt_len, HEAD_DIM, generator=g, dtype=torch.float64)
+             * HEAD_DIM**-0.5).requires_grad_()  # fmt: skip
+        k = torch.randn(bh, src_len, HEAD_DIM, generator=g, dtype=torch.float64).requires_grad_()
+        v = torch.randn(bh, src_len, HEAD_DIM, generator=g, dtype=torch.float64).requires_grad_()
+        d_out = torch.randn(bh, tgt_len, HEAD_DIM, generator=g, dtype=torch.float64)
+        per_layer.append((q, k, v, d_out))
+    return per_layer
+
+
+def eager_chain(per_layer, kpm, attn_mask, mode, keeps=None, p=0.0):
+    """The eager module's stream and attention on these heads, layer after layer: the
+    outputs (no projections)."""
+    module = RealformerMultiheadAttention(
+        HEADS * HEAD_DIM, HEADS, mode, dropout=p, self_attention=True
+    )
+    module._merge_heads = lambda attn, tgt_len, bsz: attn  # the heads, before out_proj
+    outs, stream = [], None
+    for layer_idx, (q, k, v, _) in enumerate(per_layer):
+        if keeps is not None:
+            keep = keeps[layer_idx]
+            module.dropout_module.forward = lambda x, keep=keep: x * keep.to(x.dtype) / (1 - p)
+        bsz = q.size(0) // HEADS
+        raw = module.raw_scores(q, k, bsz, bsz)
+        stream = module.add_to_stream(raw, stream)
+        attn, _ = module._attend_stream(
+            stream, raw, v, kpm, attn_mask, bsz, bsz, layer_idx, False, False
+        )
+        outs.append(attn)
+    return outs
+
+
+def concat_chain(per_layer, kpm, mode, causal, p=0.0):
+    depth = len(per_layer)
+    outs, link = [], None
+    for layer_idx, (q, k, v, _) in enumerate(per_layer):
+        divisor = layer_idx + 1 if mode == "mean" else 1
+        attn, link = tc.concat_residual_attention(
+            q, k, v, link, kpm, None, HEADS, layer_idx, depth, divisor, p, causal=causal
+        )
+        outs.append(attn)
+    return outs
+
+
+def chain_gradients(outs, per_layer):
+    loss = sum((out * d_out).sum() for out, (_, _, _, d_out) in zip(outs, per_layer))
+    leaves = [t for q, k, v, _ in per_layer for t in (q, k, v)]
+    return torch.autograd.grad(loss, leaves)
+
+
+def assert_close(got, want, what, tol=TOLERANCE):
+    err = (got.double() - want.double()).abs().max().item()
+    scale = max(1.0, want.double().abs().max().item())
+    assert err <= tol * scale, f"{what}: max abs error {err:.3g} > {tol * scale:.3g}"
+
+
+@pytest.fixture(params=["interpreter", "h100"], ids=["interpreter_blocks", "h100_blocks"])
+def blocks(request, monkeypatch):
+    """The blocks the kernels launch with: the interpreter's 16 x 16, or the ones an H100
+    launches for 16-bit inputs of this head size (64 x 32 forward, 16 x 32 key-block pass,
+    32 x 32 query-block pass), run here on float64."""
+    if request.param == "h100":
+        launch = triton_concat_launch.concat_launch_config
+        monkeypatch.setattr(
+            tc,
+            "concat_launch_config",
+            lambda kernel, head_dim, dtype, capability: launch(
+                kernel, head_dim, torch.float16, (9, 0)
+            ),
+        )
+    return request.param
+
+
+def test_the_h100_blocks_differ_from_the_interpreters():
+    """What ``blocks`` patches in: an H100's 16-bit tiles, not the interpreter's 16 x 16."""
+    h100 = [
+        triton_concat_launch.concat_launch_config(k, HEAD_DIM, torch.float16, (9, 0))[:2]
+        for k in ("concat_forward", "concat_backward", "concat_dq")
+    ]
+    assert h100 == [(64, 32), (32, 32), (32, 32)]
+    for k in ("concat_forward", "concat_backward", "concat_dq"):
+        assert triton_concat_launch.concat_launch_config(k, HEAD_DIM, torch.float64, None)[:2] == (
+            16,
+            16,
+        )
+
+
+# (layers, bsz, tgt_len, src_len, key padding (side, lengths), causal)
+CHAINS = {
+    # an encoder chain: right padding, a fully padded sentence, a 1-token sentence, 37 tokens
+    "encoder_right_padded": (3, 3, 37, 37, ("right", [37, 0, 1]), False),
+    # an encoder chain with left padding
+    "encoder_left_padded": (3, 2, 21, 21, ("left", [21, 9]), False),
+    # a decoder chain under the causal mask, left padding (rows that see only the fill)
+    "decoder_causal_left_padded": (3, 2, 33, 33, ("left", [33, 17]), True),
+    # a decoder chain, right padding and a fully padded sentence
+    "decoder_causal_fully_padded": (2, 2, 19, 19, ("right", [19, 0]), True),
+    # cross-attention: 21 queries over 37 keys, right padding, a 1-token source
+    "cross_attention": (3, 3, 21, 37, ("right", [37, 20, 1]), False),
+    # one query, one key
+    "one_token": (2, 2, 1, 1, ("right", [1, 1]), True),
+}
+
+
+def causal_mask(n):
+    return torch.triu(torch.full((n, n), float("-inf"), dtype=torch.float64), 1)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_concat_chain_is_the_eager_route(name, mode, blocks):
+    layers, bsz, tgt_len, src_len, (side, lengths), causal = CHAINS[name]
+    per_layer = chain_inputs(layers, bsz, tgt_len, src_len)
+    kpm = padding(lengths, src_len, left=side == "left")
+    want = eager_chain(per_layer, kpm, causal_mask(tgt_len) if causal else None, mode)
+    got = concat_chain(per_layer, kpm, mode, causal)
+    for layer_idx, (g, w) in enumerate(zip(got, want)):
+        assert g.dtype == torch.float64 and g.shape == w.shape
+        assert torch.isfinite(g).all()
+        assert_close(g, w, f"layer {layer_idx} attn")
+    got_grads = chain_gradients(got, per_layer)
+    want_grads = chain_gradients(want, per_layer)
+    largest = max(w.abs().max().item() for w in want_grads)
+    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
+        what = f"layer {i // 3} d{'qkv'[i % 3]}"
+        err = (g - w).abs().max().item()
+        assert err <= TOLERANCE * max(1.0, largest), f"{what}: max abs error {err:.3g}"
