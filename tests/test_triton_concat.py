@@ -23,8 +23,8 @@ triton = pytest.importorskip(
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
 from realformer_fairseq.modules.routes import RealformerMultiheadAttention  # noqa: E402
-from realformer_fairseq.modules.routes import triton_concat_function as tc  # noqa: E402
 from realformer_fairseq.modules.routes import triton_concat_launch  # noqa: E402
+from realformer_fairseq.modules.routes import triton_concat_function as tc  # noqa: E402
 from realformer_fairseq.modules.routes import triton_function as ta  # noqa: E402
 
 pytestmark = pytest.mark.triton
@@ -179,3 +179,95 @@ def test_concat_chain_is_the_eager_route(name, mode, blocks):
         what = f"layer {i // 3} d{'qkv'[i % 3]}"
         err = (g - w).abs().max().item()
         assert err <= TOLERANCE * max(1.0, largest), f"{what}: max abs error {err:.3g}"
+
+
+def test_dropout_is_the_eager_route_with_the_kernels_own_mask():
+    """Dropout in the concat phase draws the stream kernels' Philox mask for the seed each
+    layer draws from torch's generator: replayed by ``dropout_keep_mask`` and handed to the
+    eager route, outputs and gradients agree, a fully padded sentence and causal rows that see
+    only the fill included."""
+    p = 0.3
+    layers, bsz, tgt_len, src_len = 3, 2, 21, 21
+    per_layer = chain_inputs(layers, bsz, tgt_len, src_len, seed=1)
+    kpm = padding([0, 9], src_len, left=True)
+    torch.manual_seed(1234)
+    got = concat_chain(per_layer, kpm, "mean", True, p=p)
+    torch.manual_seed(1234)
+    seeds = [ta.draw_dropout_seed() for _ in range(layers)]
+    keeps = [ta.dropout_keep_mask(s, bsz * HEADS, tgt_len, src_len, p, "cpu") for s in seeds]
+    assert len({k.sum().item() for k in keeps}) == layers  # a new mask per layer
+    dropped = sum((~k).sum().item() for k in keeps) / (layers * keeps[0].numel())
+    assert 0.2 < dropped < 0.4
+    want = eager_chain(per_layer, kpm, causal_mask(tgt_len), "mean", keeps=keeps, p=p)
+    for layer_idx, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, f"layer {layer_idx} attn")
+    got_grads = chain_gradients(got, per_layer)
+    want_grads = chain_gradients(want, per_layer)
+    largest = max(w.abs().max().item() for w in want_grads)
+    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
+        err = (g - w).abs().max().item()
+        assert err <= TOLERANCE * largest, f"layer {i // 3} d{'qkv'[i % 3]}: {err:.3g}"
+
+
+def saved_shapes(run):
+    """The shapes of every tensor autograd saves for backward while ``run()`` builds its graph."""
+    shapes = []
+
+    def pack(t):
+        shapes.append(tuple(t.shape))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        result = run()
+    return shapes, result
+
+
+def test_a_chain_in_the_concat_phase_keeps_no_t_by_t_tensor():
+    """Saved for backward by four layers of 40 tokens: nothing with a (40, 40) plane, nor in
+    the chain buffers its nodes hold; the eager chain on the same heads saves one per layer
+    (the check can fail)."""
+    layers, bsz, length = 4, 2, 40
+    per_layer = chain_inputs(layers, bsz, length, length)
+    kpm = padding([40, 23], length)
+
+    def square(shape):
+        return len(shape) >= 2 and shape[-2:] == (length, length)
+
+    eager_shapes, _ = saved_shapes(lambda: eager_chain(per_layer, kpm, None, "sum"))
+    assert sum(map(square, eager_shapes)) >= layers
+    shapes, outs = saved_shapes(lambda: concat_chain(per_layer, kpm, "sum", False))
+    assert shapes and not any(map(square, shapes)), shapes
+    node = outs[-1].grad_fn
+    held = [node.buffers.queries, node.buffers.keys]
+    assert [tuple(t.shape) for t in held] == [(bsz * HEADS, length, layers * HEAD_DIM)] * 2
+    assert all(t.numel() < bsz * HEADS * length * length for t in held)
+
+
+def test_what_a_caller_holds_is_unchanged_and_a_second_backward_agrees():
+    """The chain's buffers are copies: the caller's q and k keep their values and versions;
+    the gradients handed out are new tensors; a second backward through the same graph
+    (``retain_graph=True``) starts from zero gradient buffers and gives the same gradients."""
+    per_layer = chain_inputs(3, 2, 18, 18)
+    before = [(t.clone(), t._version) for q, k, _, _ in per_layer for t in (q, k)]
+    outs = concat_chain(per_layer, padding([18, 5], 18), "sum", False)
+    loss = sum((out * d_out).sum() for out, (_, _, _, d_out) in zip(outs, per_layer))
+    leaves = [t for q, k, v, _ in per_layer for t in (q, k, v)]
+    first = torch.autograd.grad(loss, leaves, retain_graph=True)
+    second = torch.autograd.grad(loss, leaves)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    assert len({g.data_ptr() for g in first}) == len(first)
+    for (value, version), t in zip(before, [t for q, k, _, _ in per_layer for t in (q, k)]):
+        assert torch.equal(value, t) and t._version == version
+
+
+def test_layers_out_of_order_stop_with_one_line():
+    (q, k, v, _), (q1, k1, v1, _) = chain_inputs(2, 1, 5, 5)
+    _, link = tc.concat_residual_attention(q, k, v, None, None, None, HEADS, 0, 2, 1.0, 0.0)
+    with pytest.raises(ValueError, match=r"^concat phase: layer 1 outside the chain's 1 layers$"):
+        tc.concat_residual_attention(q1, k1, v1, link, None, None, HEADS, 1, 1, 1.0, 0.0)
+    with pytest.raises(ValueError, match="needs the previous layer's link"):
+        tc.concat_residual_attention(q1, k1, v1, None, None, None, HEADS, 1, 2, 1.0, 0.0)
+    tc.concat_residual_attention(q1, k1, v1, link, None, None, HEADS, 1, 2, 1.0, 0.0)
+    with pytest.raises(ValueError, match=r"^concat phase: layer 1 of a chain ran after 2 layers"):
+        tc.concat_residual_attention(q1, k1, v1, link, None, None, HEADS, 1, 2, 1.0, 0.0)

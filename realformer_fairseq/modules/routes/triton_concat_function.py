@@ -90,7 +90,9 @@ class ConcatBuffers:
         """Layer ``layer_idx``'s own gradients of q and k, new tensors of ``dtype`` (nothing
         later adds to them); the buffers freed after layer 0."""
         cols = self.columns(layer_idx)
-        dq = self.grad_queries[:, :, cols].to(dtype, copy=True, memory_format=torch.contiguous_format)
+        dq = self.grad_queries[:, :, cols].to(
+            dtype, copy=True, memory_format=torch.contiguous_format
+        )
         dk = self.grad_keys[:, :, cols].to(dtype, copy=True, memory_format=torch.contiguous_format)
         if layer_idx == 0:
             self.grad_queries = self.grad_keys = None
@@ -164,9 +166,16 @@ class _ConcatAttention(torch.autograd.Function):
                 divisor, mask_value, dropout_p, dropout_threshold(dropout_p), seed,
             )  # fmt: skip
             flags = dict(
-                HEAD_DIM=head_dim, BLOCK_D=block_d, HAS_MASK=ctx.has_mask, HAS_KPM=ctx.has_kpm,
-                DIVIDE=divisor != 1.0, DROPOUT=dropout_p > 0, CAUSAL=ctx.causal, ACC=acc,
-                PRECISION=precision, UPCAST=_upcast(out),
+                HEAD_DIM=head_dim,
+                BLOCK_D=block_d,
+                HAS_MASK=ctx.has_mask,
+                HAS_KPM=ctx.has_kpm,
+                DIVIDE=divisor != 1.0,
+                DROPOUT=dropout_p > 0,
+                CAUSAL=ctx.causal,
+                ACC=acc,
+                PRECISION=precision,
+                UPCAST=_upcast(out),
             )
             inputs = (qb.stride(0), qb.stride(1), kb.stride(0), kb.stride(1), *v.stride(),
                       *d_out.stride())  # fmt: skip
