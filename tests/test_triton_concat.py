@@ -271,3 +271,39 @@ def test_layers_out_of_order_stop_with_one_line():
     tc.concat_residual_attention(q1, k1, v1, link, None, None, HEADS, 1, 2, 1.0, 0.0)
     with pytest.raises(ValueError, match=r"^concat phase: layer 1 of a chain ran after 2 layers"):
         tc.concat_residual_attention(q1, k1, v1, link, None, None, HEADS, 1, 2, 1.0, 0.0)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean"])
+@pytest.mark.parametrize("causal", [False, True], ids=["encoder", "decoder"])
+def test_a_chain_that_crosses_into_the_stream_kernels_is_the_eager_route(mode, causal):
+    """Two concat-phase layers, the stream formed once from their buffers, then two layers of
+    the stream kernels reading it: every output, the last stream and every gradient as the
+    eager chain's (left padding, a fully padded sentence, 23 tokens)."""
+    layers, switch, bsz, length = 4, 2, 2, 23
+    per_layer = chain_inputs(layers, bsz, length, length, seed=2)
+    kpm = padding([0, 11], length, left=True)
+    mask = causal_mask(length) if causal else None
+    outs, link = [], None
+    for layer_idx, (q, k, v, _) in enumerate(per_layer[:switch]):
+        divisor = layer_idx + 1 if mode == "mean" else 1
+        attn, link = tc.concat_residual_attention(
+            q, k, v, link, kpm, None, HEADS, layer_idx, switch, divisor, 0.0, causal=causal
+        )
+        outs.append(attn)
+    stream = tc.stream_of_concat_phase(link)
+    assert stream.dtype == torch.float64 and stream.shape == (bsz * HEADS, length, length)
+    for layer_idx, (q, k, v, _) in enumerate(per_layer[switch:], start=switch):
+        divisor = layer_idx + 1 if mode == "mean" else 1
+        attn, stream = ta.residual_attention(
+            q, k, v, stream, kpm, None, HEADS, divisor, 0.0, causal=causal
+        )
+        outs.append(attn)
+    want = eager_chain(per_layer, kpm, mask, mode)
+    for layer_idx, (g, w) in enumerate(zip(outs, want)):
+        assert_close(g, w, f"layer {layer_idx} attn")
+    got_grads = chain_gradients(outs, per_layer)
+    want_grads = chain_gradients(want, per_layer)
+    largest = max(w.abs().max().item() for w in want_grads)
+    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
+        err = (g - w).abs().max().item()
+        assert err <= TOLERANCE * largest, f"layer {i // 3} d{'qkv'[i % 3]}: {err:.3g}"

@@ -201,6 +201,46 @@ class _ConcatAttention(torch.autograd.Function):
         return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
 
 
+class _StreamOfBuffers(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, link, buffers, slices):
+        sdtype = stream_dtype(buffers.queries.dtype)
+        stream = None
+        for layer_idx in range(slices):
+            cols = buffers.columns(layer_idx)
+            q, k = buffers.queries[:, :, cols], buffers.keys[:, :, cols]
+            # as the eager route's add_to_stream: the product in the inputs' dtype, at least
+            # float32, this layer's product plus the stream so far
+            raw = torch.bmm(q, k.transpose(1, 2)).to(sdtype)
+            stream = raw if stream is None else raw.add_(stream)
+        ctx.buffers, ctx.slices = buffers, slices
+        ctx.set_materialize_grads(False)
+        return stream
+
+    @staticmethod
+    def backward(ctx, d_stream):
+        buffers, slices = ctx.buffers, ctx.slices
+        grad_q, grad_k = buffers.gradients(slices)
+        if d_stream is not None:
+            d_raw = d_stream.to(buffers.queries.dtype)
+            for layer_idx in range(slices):
+                cols = buffers.columns(layer_idx)
+                q, k = buffers.queries[:, :, cols], buffers.keys[:, :, cols]
+                grad_q[:, :, cols] += torch.bmm(d_raw, k).to(grad_q.dtype)
+                grad_k[:, :, cols] += torch.bmm(d_raw.transpose(1, 2), q).to(grad_k.dtype)
+        return None, None, None
+
+
+def stream_of_concat_phase(link: Tensor) -> Tensor:
+    """The stream ``S_l = sum_{i<=l} q_i k_i^T`` ``(bsz*heads, tgt_len, src_len)`` of the
+    chain whose layer ``l`` made ``link``, formed once from its buffers in the eager route's
+    order and dtype (float32, float64 for float64 inputs; the full sum after the diagonal too):
+    the previous stream of a layer that runs the stream kernels after the concat phase. Its
+    gradient is added to the gradients the concat layers hand down to their q and k."""
+    buffers = concat_buffers_of(link)
+    return _StreamOfBuffers.apply(link, buffers, buffers.written)
+
+
 def concat_buffers_of(link: Tensor) -> ConcatBuffers:
     """The chain buffers a concat-phase layer's ``link`` output belongs to."""
     buffers = getattr(link, "concat_buffers", None)
