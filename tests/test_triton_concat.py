@@ -307,3 +307,77 @@ def test_a_chain_that_crosses_into_the_stream_kernels_is_the_eager_route(mode, c
     for i, (g, w) in enumerate(zip(got_grads, want_grads)):
         err = (g - w).abs().max().item()
         assert err <= TOLERANCE * largest, f"layer {i // 3} d{'qkv'[i % 3]}: {err:.3g}"
+
+
+@pytest.mark.parametrize(
+    "dtype,tol",
+    [(torch.float32, 2e-5), (torch.float16, 2e-2), (torch.bfloat16, 6e-2)],
+    ids=["float32", "float16", "bfloat16"],
+)
+def test_lower_precision_chains_through_the_switch_stay_near_float64_eager(dtype, tol):
+    """Three concat-phase layers, the stream formed, three stream-kernel layers, on inputs of
+    ``dtype`` against the float64 eager chain on the same (rounded) values: outputs and
+    gradients within ``tol`` of the largest (float32 as the stream kernels' own bound; 16-bit:
+    one rounding of P and of the outputs)."""
+    layers, switch, bsz, length = 6, 3, 2, 19
+    exact = chain_inputs(layers, bsz, length, length, seed=3)
+    rounded = [
+        tuple(t.detach().to(dtype).double().requires_grad_() for t in (q, k, v)) + (d,)
+        for q, k, v, d in exact
+    ]
+    low = [
+        tuple(t.detach().to(dtype).requires_grad_() for t in (q, k, v)) + (d.to(dtype),)
+        for q, k, v, d in rounded
+    ]
+    kpm = padding([19, 7], length)
+    outs, link = [], None
+    for layer_idx, (q, k, v, _) in enumerate(low[:switch]):
+        attn, link = tc.concat_residual_attention(
+            q, k, v, link, kpm, None, HEADS, layer_idx, switch, layer_idx + 1, 0.0
+        )
+        outs.append(attn)
+    stream = tc.stream_of_concat_phase(link)
+    assert stream.dtype == torch.float32
+    for layer_idx, (q, k, v, _) in enumerate(low[switch:], start=switch):
+        attn, stream = ta.residual_attention(q, k, v, stream, kpm, None, HEADS, layer_idx + 1, 0.0)
+        outs.append(attn)
+    want = eager_chain(rounded, kpm, None, "mean")
+    for layer_idx, (g, w) in enumerate(zip(outs, want)):
+        assert g.dtype == dtype
+        assert_close(g, w, f"layer {layer_idx} attn", tol)
+    got_grads = chain_gradients(outs, low)
+    want_grads = chain_gradients(want, rounded)
+    largest = max(w.abs().max().item() for w in want_grads)
+    for i, (g, w) in enumerate(zip(got_grads, want_grads)):
+        assert g.dtype == dtype
+        err = (g.double() - w).abs().max().item()
+        assert err <= tol * max(1.0, largest), f"layer {i // 3} d{'qkv'[i % 3]}: {err:.3g}"
+
+
+def test_an_additive_mask_is_clamped_to_the_fill_as_on_the_eager_route():
+    """An additive attention mask read by the kernels (-inf, fairseq's -1e8 and finite
+    biases), with right padding: every output and gradient as the eager chain's."""
+    layers, bsz, tgt_len, src_len = 3, 2, 17, 29
+    per_layer = chain_inputs(layers, bsz, tgt_len, src_len, seed=4)
+    kpm = padding([29, 12], src_len)
+    g = torch.Generator().manual_seed(5)
+    mask = torch.randn(tgt_len, src_len, generator=g, dtype=torch.float64)
+    mask[torch.rand(tgt_len, src_len, generator=g) < 0.2] = float("-inf")
+    mask[torch.rand(tgt_len, src_len, generator=g) < 0.1] = -1e8
+    mask[3] = float("-inf")  # a row that sees only the fill
+    outs, link = [], None
+    for layer_idx, (q, k, v, _) in enumerate(per_layer):
+        attn, link = tc.concat_residual_attention(
+            q, k, v, link, kpm, mask, HEADS, layer_idx, layers, 1.0, 0.0
+        )
+        outs.append(attn)
+    want = eager_chain(per_layer, kpm, mask, "sum")
+    for layer_idx, (o, w) in enumerate(zip(outs, want)):
+        assert torch.isfinite(o).all()
+        assert_close(o, w, f"layer {layer_idx} attn")
+    got_grads = chain_gradients(outs, per_layer)
+    want_grads = chain_gradients(want, per_layer)
+    largest = max(w.abs().max().item() for w in want_grads)
+    for i, (o, w) in enumerate(zip(got_grads, want_grads)):
+        err = (o - w).abs().max().item()
+        assert err <= TOLERANCE * largest, f"layer {i // 3} d{'qkv'[i % 3]}: {err:.3g}"

@@ -23,11 +23,11 @@ _LAUNCH_TABLE = {
     (2, 32): {
         "concat_forward": KernelConfig(64, 32, 4, 2),
         "concat_backward": KernelConfig(32, 32, 4, 2),
-        "concat_dq": KernelConfig(32, 32, 4, 2),
+        "concat_dq": KernelConfig(32, 32, 8, 1),
     },
     (2, 64): {
         "concat_forward": KernelConfig(64, 32, 4, 2),
-        "concat_backward": KernelConfig(32, 32, 4, 2),
+        "concat_backward": KernelConfig(16, 32, 4, 2),
         "concat_dq": KernelConfig(32, 32, 4, 2),
     },
     (2, 128): {
@@ -39,7 +39,7 @@ _LAUNCH_TABLE = {
     (4, None): {
         "concat_forward": KernelConfig(16, 16, 4, 1),
         "concat_backward": KernelConfig(16, 16, 8, 1),
-        "concat_dq": KernelConfig(16, 16, 8, 1),
+        "concat_dq": KernelConfig(16, 16, 4, 1),
     },
 }
 
