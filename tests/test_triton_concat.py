@@ -381,3 +381,34 @@ def test_an_additive_mask_is_clamped_to_the_fill_as_on_the_eager_route():
     for i, (o, w) in enumerate(zip(got_grads, want_grads)):
         err = (o - w).abs().max().item()
         assert err <= TOLERANCE * largest, f"layer {i // 3} d{'qkv'[i % 3]}: {err:.3g}"
+
+
+def test_a_stream_formed_twice_passes_both_gradients_down():
+    """The stream formed twice from one chain (two readers) and the layers' outputs in one
+    loss: every gradient as the same loss on the eager chain's stream (float64, 1e-12)."""
+    layers, bsz, length = 2, 2, 13
+    per_layer = chain_inputs(layers, bsz, length, length, seed=6)
+    g = torch.Generator().manual_seed(7)
+    weights = [torch.randn(bsz * HEADS, length, length, generator=g, dtype=torch.float64)
+               for _ in range(2)]  # fmt: skip
+    outs, link = [], None
+    for layer_idx, (q, k, v, _) in enumerate(per_layer):
+        attn, link = tc.concat_residual_attention(
+            q, k, v, link, None, None, HEADS, layer_idx, layers, 1.0, 0.0
+        )
+        outs.append(attn)
+    first, second = tc.stream_of_concat_phase(link), tc.stream_of_concat_phase(link)
+    loss = (first * weights[0]).sum() + (second * weights[1]).sum()
+    loss = loss + sum((o * d).sum() for o, (_, _, _, d) in zip(outs, per_layer))
+    leaves = [t for q, k, v, _ in per_layer for t in (q, k, v)]
+    got = torch.autograd.grad(loss, leaves, allow_unused=True)
+    stream = sum(q @ k.transpose(1, 2) for q, k, _, _ in per_layer)
+    want_outs = eager_chain(per_layer, None, None, "sum")
+    want_loss = (stream * weights[0]).sum() + (stream * weights[1]).sum()
+    want_loss = want_loss + sum((o * d).sum() for o, (_, _, _, d) in zip(want_outs, per_layer))
+    want = torch.autograd.grad(want_loss, leaves)
+    largest = max(w.abs().max().item() for w in want)
+    for i, (o, w) in enumerate(zip(got, want)):
+        assert o is not None, f"layer {i // 3} d{'qkv'[i % 3]}: no gradient"
+        err = (o - w).abs().max().item()
+        assert err <= TOLERANCE * largest, f"layer {i // 3} d{'qkv'[i % 3]}: {err:.3g}"

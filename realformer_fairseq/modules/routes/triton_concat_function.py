@@ -10,7 +10,7 @@ import torch
 import triton
 from torch import Tensor
 
-from .shared import MASK_VALUE, stream_dtype
+from .shared import MASK_VALUE, _current_graph_task_id, stream_dtype
 from .triton_concat_kernels import (
     _concat_backward_kernel,
     _concat_dq_kernel,
@@ -43,7 +43,7 @@ class ConcatBuffers:
     through the graph makes them anew)."""
 
     __slots__ = ("depth", "head_dim", "queries", "keys", "written", "grad_queries",
-                 "grad_keys", "lowest_backward")  # fmt: skip
+                 "grad_keys", "grad_task")  # fmt: skip
 
     def __init__(self, q: Tensor, k: Tensor, depth: int):
         bh, tgt_len, head_dim = q.shape
@@ -53,7 +53,7 @@ class ConcatBuffers:
         self.written = 0
         self.grad_queries: Optional[Tensor] = None
         self.grad_keys: Optional[Tensor] = None
-        self.lowest_backward = depth
+        self.grad_task = -1  # the backward pass the gradient buffers belong to
 
     def columns(self, layer_idx: int) -> slice:
         return slice(layer_idx * self.head_dim, (layer_idx + 1) * self.head_dim)
@@ -76,14 +76,15 @@ class ConcatBuffers:
             self.keys[:, :, self.columns(layer_idx)].copy_(k)
         self.written += 1
 
-    def gradients(self, layer_idx: int) -> Tuple[Tensor, Tensor]:
-        """The gradient buffers for ``layer_idx``'s backward: zeros at the first layer of a
-        backward pass (one at or above the last layer whose backward ran)."""
-        if self.grad_queries is None or layer_idx >= self.lowest_backward:
+    def gradients(self) -> Tuple[Tensor, Tensor]:
+        """The gradient buffers of the running backward pass: zeros at its first node of this
+        chain (every node of one pass shares its graph task)."""
+        task = _current_graph_task_id()
+        if self.grad_queries is None or task != self.grad_task:
             sdtype = stream_dtype(self.queries.dtype)
             self.grad_queries = torch.zeros_like(self.queries, dtype=sdtype)
             self.grad_keys = torch.zeros_like(self.keys, dtype=sdtype)
-        self.lowest_backward = layer_idx
+            self.grad_task = task
         return self.grad_queries, self.grad_keys
 
     def hand_down(self, layer_idx: int, dtype: torch.dtype) -> Tuple[Tensor, Tensor]:
@@ -96,7 +97,6 @@ class ConcatBuffers:
         dk = self.grad_keys[:, :, cols].to(dtype, copy=True, memory_format=torch.contiguous_format)
         if layer_idx == 0:
             self.grad_queries = self.grad_keys = None
-            self.lowest_backward = self.depth
         return dq, dk
 
 
@@ -148,7 +148,7 @@ class _ConcatAttention(torch.autograd.Function):
         v, out, rowmax, rowsum, mask, kpm = ctx.saved_tensors
         num_heads, divisor, dropout_p, mask_value, seed = ctx.params
         buffers, layer_idx = ctx.buffers, ctx.layer_idx
-        grad_q, grad_k = buffers.gradients(layer_idx)
+        grad_q, grad_k = buffers.gradients()
         qb, kb = buffers.queries, buffers.keys
         bh, tgt_len, head_dim = out.shape
         src_len = v.size(1)
@@ -220,7 +220,7 @@ class _StreamOfBuffers(torch.autograd.Function):
     @staticmethod
     def backward(ctx, d_stream):
         buffers, slices = ctx.buffers, ctx.slices
-        grad_q, grad_k = buffers.gradients(slices)
+        grad_q, grad_k = buffers.gradients()
         if d_stream is not None:
             d_raw = d_stream.to(buffers.queries.dtype)
             for layer_idx in range(slices):
