@@ -412,3 +412,44 @@ def test_a_stream_formed_twice_passes_both_gradients_down():
         assert o is not None, f"layer {i // 3} d{'qkv'[i % 3]}: no gradient"
         err = (o - w).abs().max().item()
         assert err <= TOLERANCE * largest, f"layer {i // 3} d{'qkv'[i % 3]}: {err:.3g}"
+
+
+# max |error| / max |value| over a 60-layer float32 chain, the stream route's bound
+# (tests/test_triton_kept_stream.py, tests/test_kept_stream.py)
+FLOAT32_60_LAYERS = 1e-5
+
+
+def test_a_60_layer_float32_chain_through_the_switch_is_within_the_stream_routes_bound():
+    """15 concat-phase layers (the switch depth the cost model gives head size 64 on an
+    H100), the stream formed, 45 layers of the stream kernels: float32 against the float64
+    eager chain on the same values, every output and gradient within 1e-5 of the largest."""
+    layers, switch, bsz, length = 60, 15, 2, 8
+    exact = chain_inputs(layers, bsz, length, length, seed=8)
+    rounded = [
+        tuple(t.detach().float().double().requires_grad_() for t in (q, k, v)) + (d,)
+        for q, k, v, d in exact
+    ]
+    low = [
+        tuple(t.detach().float().requires_grad_() for t in (q, k, v)) + (d.float(),)
+        for q, k, v, d in rounded
+    ]
+    kpm = padding([8, 5], length)
+    outs, link = [], None
+    for layer_idx, (q, k, v, _) in enumerate(low[:switch]):
+        attn, link = tc.concat_residual_attention(
+            q, k, v, link, kpm, None, HEADS, layer_idx, switch, 1.0, 0.0
+        )
+        outs.append(attn)
+    stream = tc.stream_of_concat_phase(link)
+    for q, k, v, _ in low[switch:]:
+        attn, stream = ta.residual_attention(q, k, v, stream, kpm, None, HEADS, 1.0, 0.0)
+        outs.append(attn)
+    want = eager_chain(rounded, kpm, None, "sum")
+    largest = max(w.abs().max().item() for w in want)
+    err = max((o.double() - w).abs().max().item() for o, w in zip(outs, want))
+    assert err <= FLOAT32_60_LAYERS * largest, f"outputs: {err:.3g} of {largest:.3g}"
+    got_grads = chain_gradients(outs, low)
+    want_grads = chain_gradients(want, rounded)
+    largest = max(w.abs().max().item() for w in want_grads)
+    err = max((o.double() - w).abs().max().item() for o, w in zip(got_grads, want_grads))
+    assert err <= FLOAT32_60_LAYERS * largest, f"gradients: {err:.3g} of {largest:.3g}"
