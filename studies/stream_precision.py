@@ -145,7 +145,7 @@ def measure(
     truth = run(reference, case, length, torch.float64, truth_streams)
     if route == "triton" and case.startswith("decoder"):
         # the triton route's causal stream holds 0 after the diagonal (what no softmax reads;
-        # triton_attention.residual_attention): compared where the eager route's is read
+        # triton_function.residual_attention): compared where the eager route's is read
         truth_streams = [t.tril() for t in truth_streams]
     row: Dict = {"route": route, "case": case, "mode": mode, "layers": depth, "tokens": length}
     plain = float32_layers(reference, case, route, one_stream=False)

@@ -1,8 +1,8 @@
-"""The eager route's kept stream (``kept_stream = True``, off by default) keeps one score stream
+"""The eager route's kept stream (``one_stream_per_chain = True``, off by default) keeps one score stream
 per chain for backward and rebuilds the earlier ones (modules/routes/kept_stream.py):
 RealFormer's (He et al. 2020, arXiv 2012.11747)
 ``S_{l-1} = S_l - Q_l K_l^T / sqrt(d)`` in backward. Float64 chains against the plain route
-(the eager route as it is, ``kept_stream = False``, whose autograd keeps every layer's
+(the eager route as it is, ``one_stream_per_chain = False``, whose autograd keeps every layer's
 probabilities): the same outputs, bitwise, and the same gradients to float64 rounding, on the
 three chains (encoder with padding and a fully padded sequence, decoder with the causal mask,
 cross-attention), running sum and mean, with and without attention dropout, a 1-token sentence;
@@ -46,7 +46,7 @@ def chain_pair(case, mode, depth, dropout=0.0, dtype=torch.float64):
     assert not any(module.kept_stream for module in plain)  # off by default
     kept = copy.deepcopy(plain)
     for module in kept:
-        module.kept_stream = True
+        module.one_stream_per_chain = True
     return plain, kept
 
 
@@ -151,7 +151,7 @@ def checkpointing_gradients(impl, caplog, kept_stream_on=False):
         models.append(model.double().train())
     for module in models[1].modules():
         if kept_stream_on and hasattr(module, "kept_stream"):
-            module.kept_stream = True
+            module.one_stream_per_chain = True
     models[1].load_state_dict(models[0].state_dict())
     src, src_lengths, tgt = random_batch(dictionary)
     grads = []
@@ -177,7 +177,7 @@ def test_a_stream_used_twice_is_kept_said_once_and_exact(caplog):
         torch.manual_seed(0)
         layers = [layer_of("eager", CASES[1]).double() for _ in range(3)]
         for module in layers:
-            module.kept_stream = kept
+            module.one_stream_per_chain = kept
         query, _, _, padding = inputs(CASES[1], 10)
         query.requires_grad_()
         with caplog.at_level(logging.WARNING, logger=LOGGER):
@@ -199,7 +199,7 @@ def test_a_stream_from_the_caller_and_the_probabilities_asked_for_are_exact(capl
         torch.manual_seed(0)
         layers = [layer_of("eager", CASES[0]).double() for _ in range(2)]
         for module in layers:
-            module.kept_stream = kept
+            module.one_stream_per_chain = kept
         query, _, attn_mask, padding = inputs(CASES[0], 10)
         query.requires_grad_()
         prev = torch.randn(4 * 4, 10, 10, dtype=torch.float64, requires_grad=True)
@@ -260,7 +260,7 @@ def test_layers_above_without_gradient_leave_the_stream_rebuilt_from_the_top(mod
         torch.manual_seed(0)
         layers = [layer_of("eager", CASES[0]).double() for _ in range(4)]
         for module in layers:
-            module.kept_stream = kept
+            module.one_stream_per_chain = kept
             module.residual_attention_mode = mode
         query, _, attn_mask, padding = inputs(CASES[0], 10)
         query.requires_grad_()
@@ -295,7 +295,7 @@ def test_a_deep_float32_chain_is_within_the_float32_tolerance_of_float64(depth):
     truth = stream_precision.run(reference, case, length, torch.float64)
     kept = [m.float() for m in copy.deepcopy(reference)]
     for module in kept:
-        module.kept_stream = True
+        module.one_stream_per_chain = True
     got = stream_precision.run(kept, case, length, torch.float32)
     assert stream_precision.gradient_error(got, truth) < FLOAT32_60_LAYERS
 

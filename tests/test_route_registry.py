@@ -101,3 +101,32 @@ def test_every_route_name_is_a_flag_value_and_nothing_else_is():
     assert declared["help"].startswith(
         "how the residual score chains are computed (the same values): eager: materialises"
     )
+
+
+def test_one_name_for_one_stream_per_chain_and_for_what_a_call_ran():
+    eager = RealformerMultiheadAttention(16, 2, "sum", self_attention=True)
+    assert eager.one_stream_per_chain is False  # off on the eager route
+    eager.kept_stream = True  # the eager route's former name still switches it
+    assert eager.one_stream_per_chain is True and eager.kept_stream is True
+    concat = ROUTES["concat"](16, 2, "sum", self_attention=True)
+    x = torch.randn(5, 2, 16)
+    with torch.no_grad():
+        concat(x, x, x, need_weights=True)
+    assert (
+        concat.last_route == "eager, because the attention probabilities are asked for "
+        "(need_weights)"
+    )
+    assert concat.last_kernel == concat.last_route  # the former name
+
+
+def test_the_routes_code_holds_no_issue_number_date_or_timing():
+    import re
+    from pathlib import Path
+
+    import realformer_fairseq.modules.routes as routes
+
+    files = sorted(Path(routes.__file__).parent.glob("*.py"))
+    assert len(files) == 10
+    history = re.compile(r"[Ii]ssue \d+|\b20\d\d-\d\d-\d\d\b|\d+(\.\d+)? ?(s|ms|seconds)\b")
+    found = [(p.name, m.group(0)) for p in files for m in history.finditer(p.read_text())]
+    assert found == []

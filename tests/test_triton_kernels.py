@@ -24,12 +24,10 @@ triton = pytest.importorskip(
 
 from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
 
+from realformer_fairseq.modules.routes import RealformerMultiheadAttention  # noqa: E402
 from realformer_fairseq.modules.routes import triton_launch  # noqa: E402
-from realformer_fairseq.modules.routes import (  # noqa: E402
-    _MASK_VALUE,
-    RealformerMultiheadAttention,
-)
 from realformer_fairseq.modules.routes import triton_function as ta  # noqa: E402
+from realformer_fairseq.modules.routes.shared import MASK_VALUE as _MASK_VALUE  # noqa: E402
 
 HEADS = 2
 HEAD_DIM = 8  # padded to the kernels' 16

@@ -7,7 +7,7 @@ reason said once); the dropout probability the kernel is given; what happens wit
 (one line; CPU paths never import it); the build check; ``auto`` never building it unmeasured.
 
 Each model-level comparison runs twice: with ``torch`` (a pure-torch stand-in of
-``triton_attention.residual_attention``, written here from the eager formula, so that the
+``triton_function.residual_attention``, written here from the eager formula, so that the
 route's own wiring is tested without triton) and with ``triton`` (the real kernels under
 Triton's interpreter on this CPU, ``TRITON_INTERPRET=1``; skipped where triton is not
 installed, e.g. the default venv: ``pip install -e '.[triton]'``, or ``.ci/run``'s triton job).

@@ -211,6 +211,11 @@ class ConcatRealformerMultiheadAttention(RealformerMultiheadAttention):
     def says_fallbacks(self) -> bool:
         return self.residual_attention_impl == "concat"  # auto falls back by design
 
+    @property
+    def last_kernel(self) -> str:
+        """The former name of :attr:`last_route` (on the routes that record one)."""
+        return self._last_route[0]
+
     def _fully_masked_rows_as_eager(
         self, out: Tensor, mask: Tensor, fill: float, v4: Tensor
     ) -> Tensor:

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ...settings import RESIDUAL_ATTENTION_MODES
 from .kept_stream import gradient_wanted, kept_stream_attention, why_plain_route
-from .shared import MASK_VALUE, warn_kept_own, warn_once
+from .shared import MASK_VALUE, chain_mismatch, stream_dtype, warn_kept_own, warn_once
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,10 @@ class RealformerMultiheadAttention(MultiheadAttention):
     ``prev_value``, ``prev_key_padding_mask``) is fairseq's, so the inherited
     ``reorder_incremental_state`` serves beam search unchanged.
 
-    ``calls`` counts forwards through this path; tests use it to prove that the
+    Every route subclasses it: ``forward`` is this class's for all of them (the preamble and
+    the projections once), and a route overrides :meth:`why_not`, :meth:`attend` and, where
+    its fallback is not the plain eager route, :meth:`fall_back` (docs/reference.md, "Adding
+    a route"). ``calls`` counts forwards through this path; tests use it to prove that the
     residual path ran.
     """
 
@@ -292,12 +295,8 @@ class RealformerMultiheadAttention(MultiheadAttention):
 
     @property
     def last_route(self) -> str:
-        """What the last forward ran: the fused kernel, or ``"eager, because ..."``."""
-        return self._last_route[0]
-
-    @property
-    def last_kernel(self) -> str:
-        """The former name of :attr:`last_route`."""
+        """What the last forward ran: the fused kernel, or ``"eager, because ..."`` ("" where
+        the route records nothing: the plain eager route)."""
         return self._last_route[0]
 
     def _weights_as_fairseq(
@@ -420,17 +419,12 @@ class RealformerMultiheadAttention(MultiheadAttention):
         (float64 stays float64); the sum is added in place into this layer's fresh product
         (autograd keeps ``q`` and ``k`` for the product's backward, not the product)."""
         attn_scores = raw_scores
-        if raw_scores.dtype != torch.float32 and raw_scores.dtype != torch.float64:
-            attn_scores = raw_scores.float()
+        if raw_scores.dtype != stream_dtype(raw_scores.dtype):
+            attn_scores = raw_scores.to(stream_dtype(raw_scores.dtype))
         if prev_attn_scores is not None:
             if prev_attn_scores.shape != attn_scores.shape:
                 raise ValueError(
-                    "residual attention chain mismatch: previous layer scores "
-                    + str(list(prev_attn_scores.shape))
-                    + " vs this layer's "
-                    + str(list(attn_scores.shape))
-                    + " (bsz*heads, tgt_len, src_len); "
-                    + "all layers of a chain need the same number of heads"
+                    chain_mismatch(list(prev_attn_scores.shape), list(attn_scores.shape))
                 )
             attn_scores.add_(prev_attn_scores.to(attn_scores.dtype))
         return attn_scores

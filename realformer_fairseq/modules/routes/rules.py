@@ -1,31 +1,12 @@
-"""Where ``--residual-attention-impl auto`` runs the concat route: measured rules, as data.
+"""Where ``--residual-attention-impl auto`` runs the concat or the triton route: measured rules,
+as data (RealFormer, He et al. 2020, arXiv 2012.11747).
 
-RealFormer (He et al. 2020, arXiv 2012.11747) adds each layer's raw scores to a running sum.
-The eager route materialises that sum, ``(bsz*heads, T, T)`` in float32; the concat route
-(:class:`~.concat.ConcatRealformerMultiheadAttention`)
-computes the same softmax input as one fused attention over the concatenated queries and keys
-of the chain, which is wider per layer but never forms a ``T x T`` tensor. Which one is faster
-depends on the device, the torch build, the dtype, the length and the depth, so ``auto`` runs
-the concat route only where a measurement on that device says it wins, and the eager route
-everywhere else, built as the plain :class:`RealformerMultiheadAttention` (no concat code on
-the path) wherever no rule matches the machine the model is built on.
-
-Each :class:`ConcatRule` names the device (CUDA compute capability and device name), the
-torch minor version and the dtypes it was measured with, the chains it applies to, and
-``min_length`` / ``depth``: on a batch whose keys are at least ``min_length`` long, the first
-``depth`` layers of a self-attention chain run fused and the rest eager (the switch-depth
-measurement of ``studies.concat_rule``: time of the first D layers fused, the rest eager,
-against all eager). Its ``source`` says which measurement. An unmeasured device, torch
-version or dtype runs eager.
-
-The triton route (``--residual-attention-impl triton``,
-:mod:`~.triton_route`) has its own table, :data:`TRITON_RULES`:
-``auto`` builds it for a chain only where a :class:`TritonRule` measured on that device says
-it wins. The table is empty: the triton route is not measured on a GPU yet, so ``auto`` never
-builds it.
-
-A model built for the CPU (fairseq's ``--cpu``, :attr:`RealformerSettings.cpu`) reads no
-rule: the lookup never touches CUDA for it, even on a machine with a GPU.
+A :class:`ConcatRule` names the device, torch minor version, dtypes and chains it was measured
+with, and ``min_length`` / ``depth``: on keys at least ``min_length`` long, the first ``depth``
+layers of a chain run fused, the rest eager. The triton route's table, :data:`TRITON_RULES`, is
+empty: it is not measured on a GPU yet, so ``auto`` never builds it. An unmeasured device, torch
+or dtype, and every ``--cpu`` build (which never asks CUDA), get the eager route.
+docs/reference.md, "How it works", and docs/benchmarks.md have the measurements.
 """
 
 import dataclasses

@@ -4,7 +4,7 @@ one kept stream from layer to layer (:class:`StreamLink`).
 """
 
 import logging
-from typing import Callable, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -21,6 +21,15 @@ MASK_VALUE = -1e30
 def stream_dtype(dtype: torch.dtype) -> torch.dtype:
     """The stream's dtype for inputs of ``dtype``: float32, float64 for float64."""
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def chain_mismatch(prev: List[int], this: List[int]) -> str:
+    """The error of a previous stream whose shape is not this layer's (scriptable)."""
+    return (
+        "residual attention chain mismatch: previous layer scores " + str(prev) + " vs this "
+        "layer's " + str(this) + " (bsz*heads, tgt_len, src_len); all layers of a chain need the "
+        "same number of heads"
+    )
 
 
 def dropout_active(module) -> bool:

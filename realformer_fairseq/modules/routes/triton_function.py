@@ -16,6 +16,7 @@ from .shared import (
     FORWARD_IN_BACKWARD,
     MASK_VALUE,
     StreamLink,
+    chain_mismatch,
     forward_runs_in_backward,
     storage_unshared,
     stream_dtype,
@@ -128,7 +129,7 @@ class _ResidualAttention(torch.autograd.Function):
             )  # fmt: skip
         ctx.save_for_backward(q, k, v, out, rowmax, rowsum, mask, kpm)
         # the stream, held by the link: handed to the next layer that reads it, which
-        # rebuilds it in its backward (kept_stream.StreamLink)
+        # rebuilds it in its backward (shared.StreamLink)
         ctx.link_in, ctx.link_out = link_in, link_out
         link_out.keep(stream)
         link_out.remember_scores(functools.partial(recomputed_scores, causal=causal), q, k)
@@ -225,7 +226,7 @@ def _gradient_writable(ctx, d_stream: Optional[Tensor], sdtype: torch.dtype) -> 
 def recomputed_scores(q: Tensor, k: Tensor, causal: bool) -> Tensor:
     """What the forward added to the stream, ``q k^T`` in the stream's dtype (0 after the
     diagonal where ``causal``), recomputed in torch: for a layer whose own backward does not
-    run (see ``kept_stream.StreamLink.take``)."""
+    run (see ``shared.StreamLink.take``)."""
     sdtype = stream_dtype(q.dtype)
     raw = torch.bmm(q.to(sdtype), k.to(sdtype).transpose(1, 2))
     return raw.tril_() if causal else raw
@@ -357,11 +358,7 @@ def _check(
         raise ValueError(f"bsz*heads {bh} is not a multiple of num_heads {num_heads}")
     if prev is not None:
         if prev.shape != (bh, tgt_len, src_len):
-            raise ValueError(
-                "residual attention chain mismatch: previous layer scores "
-                f"{list(prev.shape)} vs this layer's {[bh, tgt_len, src_len]} "
-                "(bsz*heads, tgt_len, src_len)"
-            )
+            raise ValueError(chain_mismatch(list(prev.shape), [bh, tgt_len, src_len]))
         if prev.dtype != stream_dtype(q.dtype):
             raise ValueError(
                 f"prev_attn_scores must be {stream_dtype(q.dtype)} for {q.dtype} inputs, "

@@ -76,7 +76,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
     call and the same five values (``attn``, ``attn_weights``, ``attn_scores``, None, None),
     the same projections (``_project_heads``) and output projection (``_merge_heads``).
 
-    ``rule``: a measured :class:`~realformer_fairseq.modules.route_rules.TritonRule` where
+    ``rule``: a measured :class:`~.rules.TritonRule` where
     ``--residual-attention-impl auto`` built this route (the kernel runs in its dtypes only);
     None for an explicit ``triton``."""
 
@@ -200,15 +200,7 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
             attn_mask = attn_mask.to(sdtype).clamp(min=self.mask_value)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
-        if prev_attn_scores is not None:
-            expected = (q.size(0), q.size(1), k.size(1))
-            if tuple(prev_attn_scores.shape) != expected:
-                raise ValueError(
-                    "residual attention chain mismatch: previous layer scores "
-                    f"{list(prev_attn_scores.shape)} vs this layer's {list(expected)} "
-                    "(bsz*heads, tgt_len, src_len); all layers of a chain need the same number "
-                    "of heads"
-                )
+        if prev_attn_scores is not None:  # its shape: checked by residual_attention
             prev_attn_scores = prev_attn_scores.to(sdtype)
         return kernel_module().residual_attention(
             q, k, v, prev_attn_scores, key_padding_mask, attn_mask, self.num_heads,
@@ -222,3 +214,8 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         warn_eager("the model is scripted (TorchScript)")
         self._last_route[0] = "eager, because the model is scripted (TorchScript)"
         return self
+
+    @property
+    def last_kernel(self) -> str:
+        """The former name of :attr:`last_route` (on the routes that record one)."""
+        return self._last_route[0]
