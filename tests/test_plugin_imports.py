@@ -16,7 +16,8 @@ import importlib, importlib.util, json, pkgutil, sys
 import realformer_fairseq
 names = [m.name for m in pkgutil.walk_packages(realformer_fairseq.__path__, "realformer_fairseq.")]
 # modules of an optional extra, imported where it is installed: module -> the package it needs
-optional = {{"realformer_fairseq.modules.routes.triton_function": "triton", "realformer_fairseq.modules.routes.triton_kernels": "triton"}}
+optional = {{"realformer_fairseq.modules.routes.triton_function": "triton", "realformer_fairseq.modules.routes.triton_kernels": "triton",
+            "realformer_fairseq.modules.routes.triton_concat_function": "triton", "realformer_fairseq.modules.routes.triton_concat_kernels": "triton"}}
 for name in names:
     if name in optional and importlib.util.find_spec(optional[name]) is None:
         continue

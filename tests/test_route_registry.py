@@ -126,7 +126,7 @@ def test_the_routes_code_holds_no_issue_number_date_or_timing():
     import realformer_fairseq.modules.routes as routes
 
     files = sorted(Path(routes.__file__).parent.glob("*.py"))
-    assert len(files) == 10
+    assert len(files) == 13  # the ten route modules and the triton concat phase's three
     history = re.compile(r"[Ii]ssue \d+|\b20\d\d-\d\d-\d\d\b|\d+(\.\d+)? ?(s|ms|seconds)\b")
     found = [(p.name, m.group(0)) for p in files for m in history.finditer(p.read_text())]
     assert found == []
