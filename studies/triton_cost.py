@@ -103,6 +103,7 @@ GPUS = {
         int_rate=15.5e12,
         datasheet_bandwidth=3.35e12,
         datasheet_tensor_flops=989e12,
+        fma_flops=67e12,
     ),
     "H200": dict(
         bandwidth=4.3e12,
@@ -111,6 +112,7 @@ GPUS = {
         int_rate=15.5e12,
         datasheet_bandwidth=4.8e12,
         datasheet_tensor_flops=989e12,
+        fma_flops=67e12,
     ),
 }
 # host-side floor of one launch: a PyTorch op through the dispatcher (about 5 us), a Triton
@@ -922,8 +924,21 @@ def baseline_cost(layer: Layer, dropout: float = 0.0) -> LayerCost:
 
 CASE_COSTS = {
     "eager": eager_cost,
-    "triton": lambda layer, dropout=0.0: triton_cost(layer, dropout),
+    # the route as built: the concat phase for a chain's first D layers, then the stream kernels
+    "triton": lambda layer, dropout=0.0: switch_cost(layer, dropout),
+    "triton stream kernels": lambda layer, dropout=0.0: triton_cost(layer, dropout),
+    "triton concat kernels": lambda layer, dropout=0.0: concat_cost(layer, dropout=dropout),
+    "triton switch, stream formed by one kernel": lambda layer, dropout=0.0: switch_cost(
+        layer, dropout, formation="fused"
+    ),
 }
+# what the triton route's cases report beside the route (the switch as built): each phase
+# alone, and the switch with the stream formed by one kernel (not built) at its own depth
+TRITON_PHASES = (
+    "triton stream kernels",
+    "triton concat kernels",
+    "triton switch, stream formed by one kernel",
+)
 # fairseq's Trainer around the model (FP16Optimizer over one flat float32 copy with --fp16;
 # per parameter with --bf16): bytes per parameter of a step and launches (per parameter
 # tensor, and for the whole update). Counted from fairseq 0.12's fp16_optimizer.py and
@@ -1179,8 +1194,18 @@ def case_route_prediction(case_name: str, case: Dict, dtype: str, route: str, gp
         return dict(modelled=False, why="auto runs the H200's concat rule here (not modelled)")
     modelled = "eager" if route == "auto" else route
     optimizer = "flat" if dtype == "fp16" else "per_tensor"
-    p = case_prediction(model, case["task"], shapes or case_shapes(case), modelled,
-                        GPUS[gpu_name], optimizer, floor, CASE_DROPOUT[case["task"]])  # fmt: skip
+    shapes = shapes or case_shapes(case)
+    p = case_prediction(model, case["task"], shapes, modelled, GPUS[gpu_name], optimizer, floor,
+                        CASE_DROPOUT[case["task"]])  # fmt: skip
+    if route == "triton":  # the route is the switch; each phase alone beside it
+        p["switch_depths"] = sorted({switch_depth_of(layer) for shape in shapes
+                                     for layer in case_layers(shape, model)})  # fmt: skip
+        p["phases"] = {}
+        for phase in TRITON_PHASES:
+            alone = case_prediction(model, case["task"], shapes, phase, GPUS[gpu_name],
+                                    optimizer, floor, CASE_DROPOUT[case["task"]])  # fmt: skip
+            p["phases"][phase] = {k: alone[k] for k in ("speed", "step_ms", "attention_ms",
+                                                         "attention_peak_bytes")}  # fmt: skip
     return dict(modelled=True, as_route=modelled, optimizer=optimizer, **p)
 
 
@@ -1198,12 +1223,291 @@ def cases_study(cases: Dict, floor: float) -> Dict:
     return out
 
 
+# ---------------------------------------------------------------- the concat phase and the switch
+
+# the widest concat phase the compile test builds (depth 24)
+MAX_CONCAT_DEPTH = 24
+# the model the switch depth is derived at: 8,192-token batches, 768 wide (BERT-base)
+SWITCH_WIDTH = 768
+SWITCH_LENGTHS = (128, 512, 2048)
+SWITCH_HEADS = (32, 64, 128)
+
+
+def concat_cost(
+    layer: Layer,
+    width: int = FP16,
+    capability=(9, 0),
+    per_block: bool = False,
+    dropout: float = 0.0,
+) -> LayerCost:
+    """The concat phase's kernels (``routes/triton_concat_*``) for layer ``l`` = ``layer.index``
+    of a chain, ``s = l + 1`` slices of ``d`` columns, per score: forward ``2sd`` (the tile
+    recomputed) + ``2d`` (``P V``) FLOPs; key-block pass ``2sd`` (recompute) + ``2d`` (``dP``) +
+    ``2d`` (``dV``) + ``2sd`` (the keys' gradients); query-block pass ``2sd + 2d + 2sd``. Bytes,
+    no T x T: each query block reads the key slices and values of every key block it computes
+    (``(l+1) d + d`` elements per score / block_m), each key block the query slices, ``dO`` and
+    three float32 row values of every query block (per score / block_n); the float32 gradient
+    buffers' slices ``0..l`` read and written once per pass; the slice copies into the buffers
+    in forward and the hand-down copies of slice ``l`` in backward. ``width``: bytes per input
+    element (4: float32, whose dots run on the FMA units). ``per_block``: the slices a block
+    reads from device memory at every block; False (the study's convention for the stream
+    kernels and flash too): once per pass, the rest from the L2 (a head's slices at depth 24,
+    2,048 tokens, head 64: 6 MB)."""
+    from realformer_fairseq.modules.routes.triton_concat_launch import concat_launch_config
+
+    torch_dtype = {2: "float16", 4: "float32"}[width]
+    import torch
+
+    dtype = getattr(torch, torch_dtype)
+    n, d, s = layer.scores, layer.head_dim, layer.index + 1
+    bh, tgt, src = layer.bh, layer.tgt, layer.src
+    rows = bh * tgt * F32
+    fwd = concat_launch_config("concat_forward", d, dtype, capability)
+    key = concat_launch_config("concat_backward", d, dtype, capability)
+    dq = concat_launch_config("concat_dq", d, dtype, capability)
+
+    def per(block):
+        return block if per_block else max(tgt, src)
+
+    def fraction(cfg):
+        tiles = computed_tiles(tgt, src, cfg.block_m, cfg.block_n, layer.causal)
+        return min(1.0, tiles * cfg.block_m * cfg.block_n / (tgt * src))
+
+    f_fwd, f_key, f_dq = fraction(fwd), fraction(key), fraction(dq)
+    philox = PHILOX_OPS / 4 if dropout > 0 else 0.0  # the stream kernels' mask, 4 per call
+    q1, k1 = bh * tgt * d * width, bh * src * d * width  # one slice
+    copies = Kernel("q, k into slice l of the chain's buffers", q1 + k1, q1 + k1)
+    forward = Kernel(
+        "concat forward",
+        s * q1 + f_fwd * n * (s * d + d) * width / per(fwd.block_m) + (
+            bh * src if layer.key_padding else 0),
+        q1 + 2 * rows,
+        (2 * s * d + 2 * d) * f_fwd * n, f_fwd * n, philox * f_fwd * n, "triton",
+    )  # fmt: skip
+    grad_slices_k = bh * src * s * d * F32
+    grad_slices_q = bh * tgt * s * d * F32
+    key_pass = Kernel(
+        "dV, the keys' gradients (key blocks)",
+        (s + 1) * k1 + f_key * n * ((s * d + d) * width + 3 * F32) / per(key.block_n) + grad_slices_k,
+        k1 + grad_slices_k,
+        (4 * s * d + 4 * d) * f_key * n, f_key * n, philox * f_key * n, "triton",
+    )  # fmt: skip
+    dq_pass = Kernel(
+        "the queries' gradients (query blocks)",
+        (s + 1) * q1 + 3 * rows + f_dq * n * (s * d + d) * width / per(dq.block_m) + grad_slices_q,
+        grad_slices_q,
+        (4 * s * d + 2 * d) * f_dq * n, f_dq * n, philox * f_dq * n, "triton",
+    )  # fmt: skip
+    # the gradient buffers zeroed, one slice per layer, and slice l handed down to q and k
+    hand_down = Kernel(
+        "gradient slices zeroed and handed down",
+        (bh * (tgt + src) * d) * F32, (bh * (tgt + src) * d) * (F32 + width),
+    )  # fmt: skip
+    delta = Kernel("delta = rowsum(dO * O)", 2 * q1, rows, launcher="triton")
+    return LayerCost((copies, forward), (delta, key_pass, dq_pass, hand_down), 0.0, 0.0)
+
+
+def stream_formed_cost(layer: Layer, slices: int, width: int = FP16) -> LayerCost:
+    """The stream formed once at the switch from ``slices`` layers of the buffers
+    (``stream_of_concat_phase``): per slice ``q_i k_i^T`` in the inputs' dtype, its float32
+    copy added to the sum (``2d`` FLOPs; ``width + 8`` bytes read and written per score); in
+    backward the gradient's copy in the inputs' dtype and per slice ``dS K_i``, ``dS^T Q_i``
+    (``4d`` FLOPs, the gradient read twice). Kept: the float32 stream, as the stream kernels'
+    layer that takes it keeps its own."""
+    n, d = layer.scores, layer.head_dim
+    forward = tuple(
+        Kernel(f"stream: slice {i}", (width + 8) * n, (width + 8) * n, 2 * d * n)
+        for i in range(slices)
+    )
+    backward = (Kernel("stream gradient in the inputs' dtype", F32 * n, width * n),) + tuple(
+        Kernel(f"slice {i}'s gradients", 2 * width * n, 0.0, 4 * d * n) for i in range(slices)
+    )
+    return LayerCost(forward, backward, F32 * n, F32 * n)
+
+
+def switch_depth_of(layer: Layer, formation: str = "as built") -> int:
+    """The switch depth the route runs ``layer``'s chain with on an H100 or H200 (the rule in
+    routes/rules.py, for 16-bit inputs: the cases' dtypes); with the stream formed by one
+    kernel (``formation="fused"``, not built), the H100's depth the study derives for it."""
+    import torch
+
+    from realformer_fairseq.modules.routes.rules import concat_phase_depth
+
+    if formation == "as built":
+        return concat_phase_depth(layer.head_dim, layer.src, torch.float16, (9, 0))
+    length = max(n for n in SWITCH_LENGTHS if n <= layer.src) if layer.src >= 128 else 0
+    return _fused_depth(layer.head_dim, length) if length else 0
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_depth(head_dim: int, length: int) -> int:
+    padded = max(32, 1 << (head_dim - 1).bit_length())
+    return switch_depth(padded, length, FP16, GPUS["H100 SXM"], "fused")
+
+
+def switch_cost(layer: Layer, dropout: float = 0.0, formation: str = "as built") -> LayerCost:
+    """The triton route: the concat phase for the chain's first ``D`` layers
+    (:func:`switch_depth_of`) but from a layer that returns its probabilities (fairseq's
+    alignment layer) on; the first stream-kernel layer after a concat phase forms the stream
+    (:data:`FORMATIONS`) and keeps it."""
+    depth = switch_depth_of(layer, formation)
+    if layer.index < depth and not layer.need_weights:
+        return concat_cost(layer, dropout=dropout)
+    stream = triton_cost(layer, dropout)
+    if not 0 < layer.index <= depth:
+        return stream
+    formed = FORMATIONS[formation](layer, layer.index)
+    return LayerCost(
+        formed.forward + stream.forward,
+        stream.backward + formed.backward,
+        stream.kept + formed.kept,
+        max(stream.transient, formed.transient),
+    )
+
+
+def _seconds(cost: LayerCost, gpu: Dict, width: int) -> float:
+    rate = gpu if width == FP16 else dict(gpu, tensor_flops=gpu["fma_flops"])
+    return sum(k.seconds(rate) for k in cost.forward + cost.backward)
+
+
+def switch_layer(length: int, head_dim: int, index: int, chain_layers: int) -> Layer:
+    heads = SWITCH_WIDTH // head_dim
+    bsz = max(1, BATCH_TOKENS // length)
+    return Layer("encoder", index, chain_layers, bsz * heads, length, length, head_dim, heads,
+                 False, True)  # fmt: skip
+
+
+def fused_formed_cost(layer: Layer, slices: int, width: int = FP16) -> LayerCost:
+    """The stream formed at the switch by one kernel (not built): each tile summed over the
+    ``slices`` in registers in the eager route's order (as the concat forward does) and
+    written once in float32; in backward one pass reading the stream's gradient once and
+    adding ``dS K_i``, ``dS^T Q_i`` to the gradient buffers. What would make the switch pay."""
+    n, d = layer.scores, layer.head_dim
+    q1 = layer.bh * layer.tgt * d * width
+    k1 = layer.bh * layer.src * d * width
+    forward = (Kernel("stream formed (one kernel)", slices * (q1 + k1), F32 * n,
+                      2 * slices * d * n, launcher="triton"),)  # fmt: skip
+    backward = (Kernel("stream gradient to the slices (one kernel)",
+                       F32 * n + slices * (q1 + k1), 2 * slices * (q1 + k1) * F32 / width,
+                       4 * slices * d * n, launcher="triton"),)  # fmt: skip
+    return LayerCost(forward, backward, F32 * n, F32 * n)
+
+
+FORMATIONS = {"as built": stream_formed_cost, "fused": fused_formed_cost}
+
+
+def switch_depth(
+    head_dim: int, length: int, width: int, gpu: Dict, formation: str = "as built"
+) -> int:
+    """The switch depth ``D`` (0 to :data:`MAX_CONCAT_DEPTH`) that makes a chain longer than
+    ``D`` cheapest (forward and backward, on ``gpu``'s roofline with launch floors): the concat
+    phase's first ``D`` layers against the stream kernels' (a concat layer's cost grows with
+    its depth, a stream-kernel layer's does not), plus forming the stream at layer ``D``
+    (``formation``: ``"as built"``, ``stream_of_concat_phase``'s one product per slice, or
+    ``"fused"``, one kernel; :data:`FORMATIONS`). Ties keep the smaller ``D``."""
+    form = FORMATIONS[formation]
+    stream_cost = triton_cost if width == FP16 else _float32_stream_cost
+    best, best_extra, extra = 0, 0.0, 0.0
+    for depth in range(1, MAX_CONCAT_DEPTH + 1):
+        layer = switch_layer(length, head_dim, depth - 1, MAX_CONCAT_DEPTH + 1)
+        extra += _seconds(concat_cost(layer, width), gpu, width)
+        extra -= _seconds(stream_cost(layer), gpu, width)
+        at = switch_layer(length, head_dim, depth, MAX_CONCAT_DEPTH + 1)
+        total = extra + _seconds(form(at, depth, width), gpu, width)
+        if total < best_extra:
+            best, best_extra = depth, total
+    return best
+
+
+def _float32_stream_cost(layer: Layer) -> LayerCost:
+    """The stream kernels at float32 inputs: their fp16 cost with the inputs' bytes doubled
+    (the stream is float32 either way) and the dots on the FMA units (by the caller)."""
+    cost = triton_cost(layer)
+    q, kv = qkvo_bytes(layer)
+    extra = lambda k: Kernel(k.name, k.read + 2 * q + 2 * kv, k.written + q, k.flops, k.exps,  # noqa: E731
+                             k.int_ops, k.launcher)  # fmt: skip
+    return LayerCost(tuple(extra(k) for k in cost.forward), tuple(extra(k) for k in cost.backward),
+                     cost.kept, cost.transient)  # fmt: skip
+
+
+def switch_depths(gpu_name: str = "H100 SXM", formation: str = "as built") -> Dict:
+    """``{(width, head_dim, length): D}`` on ``gpu_name`` (the table in routes/rules.py:
+    ``python -m studies.triton_cost --switch-depths``)."""
+    gpu = GPUS[gpu_name]
+    return {
+        (width, head, length): switch_depth(head, length, width, gpu, formation)
+        for width in (FP16, F32)
+        for head in SWITCH_HEADS
+        for length in SWITCH_LENGTHS
+    }
+
+
+def chain_prediction(chain_layers: int, length: int, head_dim: int, depth: int, gpu: Dict,
+                     width: int = FP16, formation: str = "as built") -> Dict:  # fmt: skip
+    """One encoder chain's attention seconds (forward and backward) and kept T x T bytes: the
+    stream kernels alone, the concat kernels alone (every layer), the switch at ``depth``
+    (the concat phase, the stream formed once by ``formation``, the stream kernels after it;
+    the first of them keeps its own stream) and flash attention."""
+    layers = [switch_layer(length, head_dim, i, chain_layers) for i in range(chain_layers)]
+    stream = [triton_cost(layer) for layer in layers]
+    concat = [concat_cost(layer, width) for layer in layers]
+    depth = min(depth, chain_layers)
+    switch = concat[:depth] + stream[depth:]
+    if 0 < depth < chain_layers:
+        switch.append(FORMATIONS[formation](layers[depth], depth, width))
+
+    def seconds(costs):
+        return sum(_seconds(c, gpu, width) for c in costs)
+
+    def kept(costs):
+        return sum(c.kept for c in costs)
+
+    return dict(
+        stream_kernels=dict(seconds=seconds(stream), kept_bytes=kept(stream)),
+        concat_kernels=dict(seconds=seconds(concat), kept_bytes=kept(concat)),
+        switch=dict(depth=depth, seconds=seconds(switch), kept_bytes=kept(switch)),
+        flash=dict(seconds=seconds([flash_cost(layer) for layer in layers]), kept_bytes=0.0),
+    )
+
+
+def switch_report() -> Dict:
+    """The switch depths on each GPU, with the stream formed as built and by one fused kernel,
+    and the BERT-base encoder chain (12 layers, head 64, fp16) at 512 and 2,048 tokens: the
+    stream kernels, the concat kernels and the switch against flash attention, attention
+    only."""
+    out = dict(depths=[], chains=[])
+    for gpu_name, gpu in GPUS.items():
+        for formation in FORMATIONS:
+            out["depths"] += [
+                dict(gpu=gpu_name, formation=formation, width=w, head_dim=h, length=n, depth=dep)
+                for (w, h, n), dep in switch_depths(gpu_name, formation).items()
+            ]
+            for length in (512, 2048):
+                depth = switch_depth(64, length, FP16, gpu, formation)
+                pred = chain_prediction(12, length, 64, depth, gpu, FP16, formation)
+                flash = pred["flash"]["seconds"]
+                speed = {k: flash / pred[k]["seconds"]
+                         for k in ("stream_kernels", "concat_kernels", "switch")}  # fmt: skip
+                out["chains"].append(dict(gpu=gpu_name, formation=formation, length=length,
+                                          layers=12, head_dim=64, **pred,
+                                          attention_speed_vs_flash=speed))  # fmt: skip
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--json", type=Path, default=REPO_ROOT / "docs" / "benchmarks" / "triton_cost.json"
     )
+    p.add_argument(
+        "--switch-depths",
+        action="store_true",
+        help="print the concat phase's switch depths and the BERT-base chains only",
+    )
     args = p.parse_args(argv)
+    if args.switch_depths:
+        print(json.dumps(switch_report(), indent=1))
+        return 0
     report = study()
     write_json(args.json, report)
     print(markdown(report))

@@ -254,3 +254,78 @@ def test_the_json_rows_carry_each_layer_with_its_hand_computed_bytes():
     assert last["kept_bytes"] == 8_388_608
     assert layer2["forward"]["ms"]["H200"] == pytest.approx(15e-3)  # the launch floor, 15 us
     assert set(row["gpus"]) == {"H100 SXM", "H200"}
+
+
+def test_one_concat_phase_layer_by_hand():
+    """The concat phase's layer 1 (two slices) of one head of 64 over 64 tokens, at an H100's
+    16-bit blocks (forward 64 x 32, key-block pass 16 x 32, query-block pass 32 x 32): one
+    slice is 64 x 64 x 2 = 8,192 bytes, the row statistics 64 x 4 = 256, the float32 gradient
+    buffers' slices 0..1 of q (or k) 2 x 64 x 64 x 4 = 32,768; 4,096 scores. FLOPs per score:
+    forward 2 x 2 x 64 (the tile over two slices) + 2 x 64 (P V) = 384; key-block pass 4 x 2 x
+    64 + 4 x 64 = 768; query-block pass 4 x 2 x 64 + 2 x 64 = 640: 1,792 = 28 d. No T x T
+    byte: per score, each pass reads the (2 + 1) x 64 slice and value columns once per query
+    (or key) block, here from the L2 past the first (one block of 64 rows reads them from
+    memory: 64 x 192 x 2 / 64 per score)."""
+    layer = tc.Layer("encoder self-attention", 1, 3, 1, 64, 64, 64, 1, False, False)
+    cost = tc.concat_cost(layer)
+    copies, forward = cost.forward
+    delta, key_pass, dq_pass, hand_down = cost.backward
+    assert (copies.read, copies.written) == (16_384, 16_384)
+    # q's two slices (16,384) + 4,096 x 192 x 2 / 64 (24,576); out + rowmax + rowsum
+    assert (forward.read, forward.written, forward.flops) == (40_960, 8_704, 1_572_864)
+    assert forward.exps == 4_096 and forward.int_ops == 0
+    assert (delta.read, delta.written) == (16_384, 256)
+    # k, its slice 0, v (24,576) + 4,096 x (192 x 2 + 12) / 64 (25,344) + dk slices (32,768)
+    assert (key_pass.read, key_pass.written, key_pass.flops) == (82_688, 40_960, 3_145_728)
+    # q's slices, dO (24,576) + 3 rows (768) + 4,096 x 384 / 64 (24,576) + dq slices (32,768)
+    assert (dq_pass.read, dq_pass.written, dq_pass.flops) == (82_688, 32_768, 2_621_440)
+    assert (hand_down.read, hand_down.written) == (32_768, 49_152)
+    assert cost.kept == 0 and cost.transient == 0
+    # read at every block from memory instead: the key-block pass's blocks of 32 keys read
+    # 4,096 x 396 / 32 = 50,688, the query-block pass's of 32 queries 4,096 x 384 / 32 = 49,152
+    per_block = tc.concat_cost(layer, per_block=True)
+    assert per_block.backward[1].read == 24_576 + 50_688 + 32_768
+    assert per_block.backward[2].read == 24_576 + 768 + 49_152 + 32_768
+    # dropout: the stream kernels' Philox mask, 64 integer operations per 4 elements
+    assert tc.concat_cost(layer, dropout=0.1).forward[1].int_ops == 16 * 4_096
+    # the stream formed from two slices as built: per slice q k^T in fp16, its float32 copy
+    # added (10 bytes read, 10 written per score); it is kept by the layer that takes it
+    formed = tc.stream_formed_cost(layer, 2)
+    assert [(k.read, k.written, k.flops) for k in formed.forward] == [(40_960, 40_960, 524_288)] * 2
+    assert formed.kept == 16_384
+
+
+def test_the_switch_depths_in_the_rules_are_the_studys():
+    """routes/rules.py's table is what ``--switch-depths`` derives for an H100 with the stream
+    formed as built (0 everywhere: forming it costs about one stream-kernel layer per slice);
+    with the stream formed by one kernel the study's depths are written here."""
+    import torch
+
+    from realformer_fairseq.modules.routes import rules
+
+    dtypes = {2: torch.float16, 4: torch.float32}
+    derived = tc.switch_depths("H100 SXM")
+    assert len(derived) == 18 and set(derived.values()) == {0}
+    for (width, head, length), depth in derived.items():
+        assert rules.concat_phase_depth(head, length, dtypes[width], (9, 0)) == depth
+    fused = tc.switch_depths("H100 SXM", "fused")
+    assert (fused[(2, 64, 512)], fused[(2, 64, 2048)], fused[(2, 32, 2048)]) == (6, 10, 22)
+    assert fused[(2, 64, 128)] == 0 and fused[(4, 64, 2048)] == 0
+    assert tc.switch_depths("H200", "fused")[(2, 64, 2048)] == 6
+
+
+def test_the_triton_cases_carry_each_phase_alone():
+    cases = json.loads((REPO_ROOT / "docs" / "benchmarks" / "triton_cost.json").read_text())[
+        "cases"
+    ]
+    bert = cases["bert_base_512 fp16 triton"]["gpus"]["H100 SXM"]
+    assert bert["switch_depths"] == [0]
+    assert set(bert["phases"]) == set(tc.TRITON_PHASES)
+    # the switch as built (D = 0) is the stream kernels alone
+    assert bert["speed"] == bert["phases"]["triton stream kernels"]["speed"]
+    assert bert["phases"]["triton concat kernels"]["attention_peak_bytes"]["route"] == 0
+    # 32 sentences x 12 heads x 512 x 512 scores: the chain's float32 stream kept, and the
+    # one its last layer's backward hands down, 4 + 4 bytes each
+    assert bert["phases"]["triton stream kernels"]["attention_peak_bytes"]["route"] == (
+        32 * 12 * 512 * 512 * 8
+    )

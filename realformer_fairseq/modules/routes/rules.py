@@ -127,3 +127,44 @@ def built_route(impl: str, chain: str, cpu: bool = False) -> str:
     if rule_for_this_machine(chain, cpu) is None:
         return "eager"
     return impl
+
+
+# The triton route's concat phase: a chain's first D layers recompute their scores from the
+# chain's queries and keys (no T x T tensor), layer D forms the stream and runs the stream
+# kernels. D makes a chain longer than D cheapest on an H100's roofline: the concat layers
+# against the stream kernels' plus forming the stream once (one product per slice, as built),
+# from ``python -m studies.triton_cost --switch-depths`` (8,192-token batches, 768 wide;
+# docs/benchmarks.md, "The concat phase's switch depth"); not measured on a GPU. Forming the
+# stream costs about one stream-kernel layer per slice, so D = 0 in every row: the stream
+# kernels run from layer 0, as before the concat phase was built. (capability, bytes per input
+# element, padded head size) -> ((min_length, D), ...) by increasing min_length; shorter keys
+# than the first row, a capability or width without a row: D = 0
+CONCAT_PHASE_DEPTHS = {
+    ((9, 0), 2, 32): ((128, 0), (512, 0), (2048, 0)),
+    ((9, 0), 2, 64): ((128, 0), (512, 0), (2048, 0)),
+    ((9, 0), 2, 128): ((128, 0), (512, 0), (2048, 0)),
+    ((9, 0), 4, 32): ((128, 0), (512, 0), (2048, 0)),
+    ((9, 0), 4, 64): ((128, 0), (512, 0), (2048, 0)),
+    ((9, 0), 4, 128): ((128, 0), (512, 0), (2048, 0)),
+}
+# the capability whose depths the interpreter (CPU tensors) runs, so that CPU tests run the
+# phase a GPU would run; its float64 takes the 16-bit rows (the tests' float64 stands in for them)
+INTERPRETER_DEPTHS_OF = (9, 0)
+
+
+def concat_phase_depth(
+    head_dim: int, length: int, dtype: torch.dtype, capability: Optional[Tuple[int, int]]
+) -> int:
+    """The triton route's switch depth D for keys of ``length``, ``head_dim`` and inputs of
+    ``dtype`` on a GPU of ``capability`` (None: Triton's interpreter, an H100's depths)."""
+    if capability is None:
+        capability = INTERPRETER_DEPTHS_OF
+        width = 2 if dtype == torch.float64 else min(torch.finfo(dtype).bits // 8, 4)
+    else:
+        width = min(torch.finfo(dtype).bits // 8, 4)
+    padded = max(32, 1 << (max(head_dim, 1) - 1).bit_length())
+    depth = 0
+    for min_length, rows_depth in CONCAT_PHASE_DEPTHS.get((tuple(capability), width, padded), ()):
+        if length >= min_length:
+            depth = rows_depth
+    return depth
