@@ -36,6 +36,8 @@ from .triton_launch import INTERPRETER_CAPABILITY, MAX_HEAD_DIM, launch_config, 
 
 # the input dtypes the kernels take
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# the route runs a chain's first layers on the concat phase's kernels (triton_concat_function)
+CONCAT_PHASE = True
 
 
 def dropout_threshold(dropout_p: float) -> int:

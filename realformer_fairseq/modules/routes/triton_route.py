@@ -14,9 +14,16 @@ from torch import Tensor
 from ...errors import RealformerConfigError
 from ...settings import TRITON_INSTALL, TRITON_MISSING, triton_installed
 from .eager import Attended, Carried, Heads, RealformerMultiheadAttention
-from .rules import TritonRule, triton_rule_for_this_machine
-from .shared import dropout_active, stream_dtype, warn_once
-from .triton_launch import MAX_HEAD_DIM
+from .rules import TritonRule, concat_phase_depth, triton_rule_for_this_machine
+from .shared import (
+    FORWARD_IN_BACKWARD,
+    dropout_active,
+    forward_runs_in_backward,
+    stream_dtype,
+    warn_kept_own,
+    warn_once,
+)
+from .triton_launch import INTERPRETER_CAPABILITY, MAX_HEAD_DIM
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +55,9 @@ def is_causal_mask(attn_mask: Tensor, mask_value: float) -> bool:
 
 
 FUSED = "fused Triton kernel"
+CONCAT_PHASE = "fused Triton kernel, concat phase (scores recomputed, no T x T tensor)"
+# why the first stream-kernel layer after the concat phase keeps its own stream
+FORMED_AT_SWITCH = "the stream was formed from the concat phase's queries and keys at the switch"
 
 
 def kernel_module():
@@ -61,6 +71,22 @@ def kernel_module():
             f"--residual-attention-impl triton: importing triton failed ({err}); {TRITON_INSTALL}"
         ) from err
     return triton_function
+
+
+def concat_module():
+    """:mod:`.triton_concat_function` (imports triton), imported where a chain runs the concat
+    phase (the kernels are importable then: :func:`kernel_module` ran at build time)."""
+    from . import triton_concat_function
+
+    return triton_concat_function
+
+
+def concat_link(prev_attn_scores: Optional[Tensor]) -> Optional[Tensor]:
+    """``prev_attn_scores`` where it is a concat-phase layer's link (what a chain in the concat
+    phase carries instead of the stream), else None."""
+    if prev_attn_scores is not None and hasattr(prev_attn_scores, "concat_buffers"):
+        return prev_attn_scores
+    return None
 
 
 def warn_eager(reason: str):
@@ -132,13 +158,31 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
 
     @torch.jit.unused
     def attend(self, heads: Heads, carried: Carried) -> Attended:
-        """The kernel; where asked for, ``attn_weights`` are the eager route's softmax of the
-        masked stream the kernel returns."""
+        """The kernels: the concat phase for a chain's first ``D`` layers
+        (:func:`~.rules.concat_phase_depth`; ``attn_scores`` is then the chain's link, an empty
+        tensor, not the stream: :meth:`stream_of` forms it), then the stream kernels, the
+        stream formed once at the switch. Where asked for, ``attn_weights`` are the eager
+        route's softmax of the masked stream the kernel returns."""
+        link = concat_link(heads.prev_attn_scores)
+        depth = self._concat_depth(heads, link)
+        if heads.layer_idx < depth:
+            self._took(CONCAT_PHASE, heads.layer_idx)
+            attn, out_link = self._fused(
+                heads.q, heads.k, heads.v, link, heads.key_padding_mask, heads.attn_mask,
+                heads.layer_idx, concat_depth=depth,
+            )  # fmt: skip
+            return self._merge_heads(attn, heads.q.size(1), heads.bsz), None, out_link, None, None
         self._took(FUSED, heads.layer_idx)
+        one_stream_per_chain = self.one_stream_per_chain
+        if link is not None:  # the switch: the stream formed once, in the eager route's order
+            heads = heads._replace(prev_attn_scores=concat_module().stream_of_concat_phase(link))
+            if one_stream_per_chain and torch.is_grad_enabled():
+                warn_kept_own(FORMED_AT_SWITCH, route="triton", kept="stream")
+            one_stream_per_chain = False
         q, bsz, tgt_len = heads.q, heads.bsz, heads.q.size(1)
         attn, attn_scores = self._fused(
             q, heads.k, heads.v, heads.prev_attn_scores, heads.key_padding_mask, heads.attn_mask,
-            heads.layer_idx,
+            heads.layer_idx, one_stream_per_chain=one_stream_per_chain,
         )  # fmt: skip
         attn_weights: Optional[Tensor] = None
         if heads.need_weights:  # fairseq's alignment layer: from the kernel's stream
@@ -150,6 +194,58 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
                 probabilities, bsz, tgt_len, attn_scores.size(2), heads.need_head_weights
             )
         return self._merge_heads(attn, tgt_len, bsz), attn_weights, attn_scores, None, None
+
+    def fall_back(self, heads: Heads, carried: Carried) -> Attended:
+        """The eager route; after a concat phase, from the stream formed once from its link."""
+        if not torch.jit.is_scripting():
+            heads = self._with_stream(heads)
+        return self._eager_route(heads, False)
+
+    @torch.jit.unused
+    def _with_stream(self, heads: Heads) -> Heads:
+        link = concat_link(heads.prev_attn_scores)
+        if link is None:
+            return heads
+        return heads._replace(prev_attn_scores=concat_module().stream_of_concat_phase(link))
+
+    @torch.jit.unused
+    def stream_of(self, attn_scores: Optional[Tensor]) -> Optional[Tensor]:
+        """The stream ``(bsz*heads, tgt_len, src_len)`` a layer of this route returned as
+        ``attn_scores``: formed once from the chain's queries and keys where the layer ran the
+        concat phase (it returns the chain's link), else ``attn_scores`` itself. The model
+        drops the last layer's ``attn_scores``; a caller that reads them calls this."""
+        link = concat_link(attn_scores)
+        if link is None:
+            return attn_scores
+        return concat_module().stream_of_concat_phase(link)
+
+    @torch.jit.unused
+    def _concat_depth(self, heads: Heads, link: Optional[Tensor]) -> int:
+        """The chain's switch depth ``D`` where this layer may run the concat phase, else 0:
+        a chain starts it at layer 0 (D from the rule for its shapes) and keeps it while its
+        layers carry the link; the stream kernels run where a layer needs the stream
+        (``need_weights``), without a gradient (``torch.no_grad``: evaluation, and the first
+        pass of activation checkpointing) and in a forward re-run during backward (activation
+        checkpointing: said once)."""
+        if not getattr(kernel_module(), "CONCAT_PHASE", False):
+            return 0  # kernels without the concat phase (the tests' pure-torch stand-in)
+        if link is not None:
+            depth = concat_module().concat_buffers_of(link).depth
+        elif heads.prev_attn_scores is None and heads.layer_idx == 0:
+            capability = (
+                torch.cuda.get_device_capability(heads.q.device)
+                if heads.q.device.type == "cuda"
+                else INTERPRETER_CAPABILITY
+            )
+            depth = concat_phase_depth(heads.q.size(2), heads.k.size(1), heads.q.dtype, capability)
+        else:
+            return 0
+        if depth == 0 or heads.need_weights or not torch.is_grad_enabled():
+            return 0
+        if forward_runs_in_backward():
+            warn_kept_own(FORWARD_IN_BACKWARD, route="triton", kept="stream")
+            return 0
+        return depth
 
     @torch.jit.unused
     def _why_eager(
@@ -184,8 +280,12 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
         key_padding_mask: Optional[Tensor],
         attn_mask: Optional[Tensor],
         layer_idx: int,
+        one_stream_per_chain: bool = True,
+        concat_depth: int = 0,
     ) -> Tuple[Tensor, Tensor]:
-        """The kernel: ``(attn (bsz*heads, tgt_len, head_dim) in q's dtype, the new stream)``."""
+        """The kernel: ``(attn (bsz*heads, tgt_len, head_dim) in q's dtype, the new stream)``;
+        with ``concat_depth``, the concat phase's (``prev_attn_scores`` is the previous
+        layer's link, or None at layer 0): ``(attn, this layer's link)``."""
         dropout_p = float(self.dropout_module.p) if dropout_active(self) else 0.0
         divisor = float(layer_idx + 1) if self.residual_attention_mode == "mean" else 1.0
         sdtype = stream_dtype(q.dtype)
@@ -200,12 +300,18 @@ class TritonRealformerMultiheadAttention(RealformerMultiheadAttention):
             attn_mask = attn_mask.to(sdtype).clamp(min=self.mask_value)
         if key_padding_mask is not None:
             key_padding_mask = key_padding_mask.to(torch.bool)
+        if concat_depth:
+            return concat_module().concat_residual_attention(
+                q, k, v, prev_attn_scores, key_padding_mask, attn_mask, self.num_heads,
+                layer_idx, concat_depth, divisor, dropout_p, mask_value=self.mask_value,
+                causal=causal,
+            )  # fmt: skip
         if prev_attn_scores is not None:  # its shape: checked by residual_attention
             prev_attn_scores = prev_attn_scores.to(sdtype)
         return kernel_module().residual_attention(
             q, k, v, prev_attn_scores, key_padding_mask, attn_mask, self.num_heads,
             divisor, dropout_p, mask_value=self.mask_value, causal=causal,
-            one_stream_per_chain=self.one_stream_per_chain,
+            one_stream_per_chain=one_stream_per_chain and self.one_stream_per_chain,
         )  # fmt: skip
 
     def __prepare_scriptable__(self):
