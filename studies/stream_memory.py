@@ -21,7 +21,10 @@ probabilities, dropout mask and dropped probabilities kept), ``eager_kept_stream
 modules with ``one_stream_per_chain = True``, off by default: one kept stream per chain, the earlier ones
 rebuilt in backward, modules/routes/kept_stream.py), and ``triton`` (``--residual-attention-impl
 triton``, only where triton is installed and ``TRITON_INTERPRET=1`` runs its kernels on CPU).
-Rows are merged into
+``triton_concat_phase``: the triton route with the switch depth set to 24 for every shape (the
+rule's D is 0 as derived, routes/rules.py), so that every chain of up to 24 layers runs the
+concat phase but where a layer returns its probabilities (the last cross-attention, fairseq's
+alignment layer, which forms the stream). Rows are merged into
 the JSON by (route, encoder layers, tokens), so a run of one route updates its rows only.
 
 Beside the count, the cost of the kept stream (its backward recomputes each layer's scores,
@@ -32,7 +35,9 @@ thread, so that other processes on the machine weigh less), at 6 encoder layers,
 dropout 0.1 and 0.
 
 usage (from the repository root; one forward per row, no backward, no timing):
-    TRITON_INTERPRET=1 .venv-triton/bin/python -m studies.stream_memory   # all three routes
+    TRITON_INTERPRET=1 .venv-triton/bin/python -m studies.stream_memory   # all four routes
+    TRITON_INTERPRET=1 .venv-triton/bin/python -m studies.stream_memory --routes triton \
+        triton_concat_phase --encoder-layers 2 6 --tokens 48 --time-steps 0
     .venv/bin/python -m studies.stream_memory --routes eager eager_kept_stream
     python -m studies.stream_memory --tokens 64 --json /tmp/stream_memory.json   # quick look
 """
@@ -60,7 +65,10 @@ from .runs import REPO_ROOT, read_json, write_json
 from .saved_tensors import MIB, OUTSIDE, SavedTensorLog
 from .tables import md_table
 
-ROUTES = ("eager", "eager_kept_stream", "triton")
+ROUTES = ("eager", "eager_kept_stream", "triton", "triton_concat_phase")
+# the triton route with every chain in the concat phase up to this depth (the rule's D, which
+# is 0 as derived: routes/rules.py), so that what a chain within D keeps is counted
+CONCAT_PHASE_DEPTH = 24
 SIZES = dict(dec_layers=6, width=64, ffn=256, heads=4)
 BATCH = 2
 # ADMIN with its data-free omega: no profiling forward (Triton's interpreter is slow)
@@ -107,6 +115,18 @@ def _tensors_in(value, depth: int) -> List[torch.Tensor]:
 
 def measure(route: str, encoder_layers: int, tokens: int, dictionary) -> Dict:
     """One row: what ``route`` keeps for the backward of one training forward."""
+    if route == "triton_concat_phase":
+        from realformer_fairseq.modules.routes import rules
+
+        table = rules.CONCAT_PHASE_DEPTHS
+        rules.CONCAT_PHASE_DEPTHS = {
+            ((9, 0), w, h): ((1, CONCAT_PHASE_DEPTH),) for w in (2, 4) for h in (32, 64, 128)
+        }  # fmt: skip
+        try:
+            return dict(measure("triton", encoder_layers, tokens, dictionary),
+                        route=route, concat_phase_depth=CONCAT_PHASE_DEPTH)  # fmt: skip
+        finally:
+            rules.CONCAT_PHASE_DEPTHS = table
     sizes = dict(SIZES, enc_layers=encoder_layers)
     impl = IMPL_TRITON if route == "triton" else IMPL_EAGER
     model, criterion = build("realformer_transformer", sizes, dictionary, flags=(*impl, *FLAGS))
@@ -211,7 +231,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument(
         "--routes", nargs="+", choices=ROUTES, default=None,
-        help="default: all three where triton runs here, else the two eager ones",
+        help="default: all four where triton runs here, else the two eager ones",
     )  # fmt: skip
     p.add_argument("--encoder-layers", nargs="+", type=int, default=[6, 12])
     p.add_argument("--tokens", type=int, default=512)
@@ -230,8 +250,8 @@ def main(argv=None) -> Dict:
     torch.set_num_threads(args.threads)
     quiet_route_logs()
     logging.getLogger("realformer_fairseq.modules.routes.triton_route").setLevel(logging.INFO)
-    routes = args.routes or [r for r in ROUTES if r != "triton" or triton_runs_here()]
-    if "triton" in routes and not triton_runs_here():
+    routes = args.routes or [r for r in ROUTES if "triton" not in r or triton_runs_here()]
+    if any("triton" in r for r in routes) and not triton_runs_here():
         raise SystemExit("the triton route needs triton installed and TRITON_INTERPRET=1 here")
     dictionary = dummy_dictionary(args.vocab)
     rows, timing = {}, {}

@@ -246,3 +246,23 @@ def test_the_interpreter_runs_an_h100s_depth(monkeypatch):
     assert rules.concat_phase_depth(64, 512, f32, None) == 1
     assert rules.concat_phase_depth(64, 512, f16, (8, 0)) == 5
     assert rules.concat_phase_depth(64, 512, f16, (8, 6)) == 0  # no row
+
+
+def test_chains_within_the_switch_keep_no_t_by_t_tensor_whatever_the_encoders_depth():
+    """What the realformer encoder-decoder keeps for backward (studies.stream_memory's count,
+    every chain in the concat phase: its ``triton_concat_phase`` rows), the same at 2 and 6
+    encoder layers: nothing T x T from the encoder's and the decoder's self-attention chains;
+    the cross-attention chain's last layer returns its probabilities (fairseq's alignment
+    layer), so it forms the stream, which its node keeps, and keeps the probabilities."""
+    from studies import stream_memory
+    from studies.bench_models import dummy_dictionary
+
+    dictionary = dummy_dictionary(100)
+    tokens = 24  # not the width (64) nor the FFN's (256): only score-sized tensors match
+    stream = f"{stream_memory.BATCH * stream_memory.SIZES['heads']}x{tokens}x{tokens} float32"
+    for layers in (2, 6):
+        kept = stream_memory.measure("triton_concat_phase", layers, tokens, dictionary)
+        assert kept["score_sized_tensors"] == [stream] * 2
+        assert [t for t in kept["held_by_route_nodes"] if t == stream] == [stream]
+    # the rule's table is back as it was
+    assert rules.concat_phase_depth(64, 2048, torch.float64, None) == 0
