@@ -10,8 +10,8 @@ from .eager import RealformerMultiheadAttention
 from .triton_route import TritonRealformerMultiheadAttention
 
 # --residual-attention-impl NAME -> the route class built for it (``auto``: the concat route
-# running its measured rule, or the eager or triton route where rules.built_route says so). The one list of
-# routes: the flag, rules.built_route, the layer builder and the build checks read it.
+# running its measured rule, or the eager or triton route where rules.built_route says so). The
+# one list of routes: the flag, rules.built_route, the layer builder and the build checks read it.
 ROUTES.update(
     eager=RealformerMultiheadAttention,
     concat=ConcatRealformerMultiheadAttention,
