@@ -16,11 +16,12 @@ os.environ["TRITON_INTERPRET"] = "1"
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-triton = pytest.importorskip(
+pytest.importorskip(
     "triton", reason="triton is not installed (the triton extra: pip install -e '.[triton]')"
 )
 
-from triton.runtime.interpreter import InterpretedFunction  # noqa: E402
+# the interpreter check (autouse) and the key padding of the kernel tests
+from test_triton_kernels import interpreted, padding  # noqa: E402,F401
 
 from realformer_fairseq.modules.routes import RealformerMultiheadAttention  # noqa: E402
 from realformer_fairseq.modules.routes import triton_concat_launch  # noqa: E402
@@ -32,19 +33,6 @@ pytestmark = pytest.mark.triton
 HEADS = 2
 HEAD_DIM = 8  # padded to the kernels' 16
 TOLERANCE = 1e-12  # float64, relative to max(1, the largest reference value)
-
-
-@pytest.fixture(autouse=True)
-def interpreted():
-    if not isinstance(triton.language.random.rand, InterpretedFunction):
-        pytest.fail("triton was imported before TRITON_INTERPRET=1 was set in this process")
-
-
-def padding(lengths, src_len, left=False):
-    """(bsz, src_len) bool, True at the padded keys of sentences of ``lengths``."""
-    pos = torch.arange(src_len)
-    rows = [(pos < src_len - n) if left else (pos >= n) for n in lengths]
-    return torch.stack(rows)
 
 
 def chain_inputs(layers, bsz, tgt_len, src_len, seed=0):
