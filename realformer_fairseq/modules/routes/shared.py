@@ -91,15 +91,6 @@ def stream_link_of(prev: Tensor, function) -> Optional["StreamLink"]:
     return None
 
 
-def stream_link_of(prev: Tensor, function) -> Optional["StreamLink"]:
-    """The link of the ``function`` (an autograd Function of a kept-stream route) node that
-    made ``prev`` as its stream (its output 1), or None where another operation made it."""
-    link = getattr(prev.grad_fn, "link_out", None)
-    if isinstance(prev.grad_fn, function._backward_cls) and prev.output_nr == 1:
-        return link
-    return None
-
-
 # the reason every route's layer keeps its own tensors where activation checkpointing re-runs it
 FORWARD_IN_BACKWARD = (
     "a layer's forward runs during backward (activation checkpointing: fairseq's "
