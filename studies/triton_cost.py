@@ -400,27 +400,6 @@ def gpu_for(device_name: str) -> Tuple[str, Dict]:
     return f"H100 SXM (assumed for {device_name})", GPUS["H100 SXM"]
 
 
-def measured_h200(path: Path = H200_MEASURED) -> Dict[int, Dict]:
-    """length -> the H200's measured vanilla step seconds and peak bytes (fp16) and the eager
-    route's ratios, from gpu_check's routes part; {} without the file."""
-    if not path.exists():
-        return {}
-    rows = json.loads(path.read_text(encoding="utf-8"))["routes"]["models"]
-    out = {}
-    for name, row in rows.items():
-        if not name.startswith("6L-6L d512 fp16 len"):
-            continue
-        length = int(name.rsplit("len", 1)[1])
-        wps = sorted(row["train_wps"]["vanilla"])[len(row["train_wps"]["vanilla"]) // 2]
-        out[length] = dict(
-            step_seconds=row["batch_sentences"] * length / wps,
-            peak_bytes=row["peak_memory_bytes"]["vanilla"],
-            eager_speed=row["ratios"]["realformer_eager/vanilla"]["train_wps"],
-            eager_memory=row["ratios"]["realformer_eager/vanilla"]["peak_memory"],
-        )
-    return out
-
-
 def peak(costs) -> float:
     return sum(c.kept for _, c in costs) + max(c.transient for _, c in costs)
 
@@ -454,7 +433,7 @@ def predict_against(
 def study(model: Dict = MODEL, lengths=LENGTHS, batch_tokens: int = BATCH_TOKENS) -> Dict:
     from . import gpu_cases
 
-    measured = measured_h200()
+    measured = measured_rows("fp16")
     fit = fit_and_check()
     # the rest of the step's memory: the H200's vanilla peak at 128 tokens less this model's
     # vanilla attention there (batches hold 8192 tokens at every length)
