@@ -29,6 +29,8 @@ from .triton_function import (
     kernel_call,
     launch_delta,
     launch_of,
+    masks_of,
+    without_masks,
 )
 
 
@@ -157,8 +159,9 @@ class _ConcatAttention(torch.autograd.Function):
             out, rowmax, rowsum = _concat_forward(v, buffers, layer_idx, call, launch)
         # nothing T x T: the values, the output and the row statistics; q and k are in the
         # chain's buffers, which ctx holds
-        ctx.save_for_backward(v, out, rowmax, rowsum)
-        ctx.call, ctx.launch, ctx.buffers, ctx.layer_idx = call, launch, buffers, layer_idx
+        ctx.save_for_backward(v, out, rowmax, rowsum, *masks_of(call))
+        ctx.call, ctx.launch = without_masks(call), launch
+        ctx.buffers, ctx.layer_idx = buffers, layer_idx
         ctx.q_dtype = q.dtype
         ctx.set_materialize_grads(False)
         # the link to the next layer: an empty tensor whose node runs this backward after the
@@ -167,15 +170,16 @@ class _ConcatAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, d_link):
-        saved = ctx.saved_tensors
+        *saved, attn_mask, key_padding_mask = ctx.saved_tensors
+        call = ctx.call._replace(attn_mask=attn_mask, key_padding_mask=key_padding_mask)
         buffers, layer_idx = ctx.buffers, ctx.layer_idx
         if d_out is None:
             buffers.gradients()  # the earlier layers' gradients may still arrive
             dv = torch.zeros_like(saved[0])
         else:
             with _device_of(d_out):
-                dv = _concat_backward(saved, in_rows_layout(d_out), buffers, layer_idx,
-                                      ctx.call, ctx.launch)  # fmt: skip
+                dv = _concat_backward(saved, in_rows_layout(d_out), buffers, layer_idx, call,
+                                      ctx.launch)  # fmt: skip
         dq, dk = buffers.hand_down(layer_idx, ctx.q_dtype)
         return dq, dk, dv, None, None, None, None
 

@@ -123,6 +123,16 @@ def kernel_call(
                 bool(causal))  # fmt: skip
 
 
+def masks_of(call: Call) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """The call's masks, which its node saves for backward (``save_for_backward``)."""
+    return call.attn_mask, call.key_padding_mask
+
+
+def without_masks(call: Call) -> Call:
+    """The call as its node keeps it: the masks are saved tensors."""
+    return call._replace(attn_mask=None, key_padding_mask=None)
+
+
 class Launch(NamedTuple):
     """One layer's runtime scalars and compile-time flags, built once for its forward and its
     backward: ``scalars`` in the kernels' order (``bsz_heads`` .. ``seed``)."""
@@ -221,8 +231,8 @@ class _ResidualAttention(torch.autograd.Function):
         launch = launch_of(q, k.size(1), call, seed)
         with _device_of(q):
             out, stream, rowmax, rowsum = _forward(q, k, v, prev, call, launch)
-        ctx.save_for_backward(q, k, v, out, rowmax, rowsum)
-        ctx.call, ctx.launch, ctx.has_prev = call, launch, prev is not None
+        ctx.save_for_backward(q, k, v, out, rowmax, rowsum, *masks_of(call))
+        ctx.call, ctx.launch, ctx.has_prev = without_masks(call), launch, prev is not None
         # the stream, held by the link: handed to the next layer that reads it, which
         # rebuilds it in its backward (shared.StreamLink)
         ctx.link_in, ctx.link_out = links
@@ -233,7 +243,8 @@ class _ResidualAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, d_stream):
-        saved = ctx.saved_tensors
+        *saved, attn_mask, key_padding_mask = ctx.saved_tensors
+        call = ctx.call._replace(attn_mask=attn_mask, key_padding_mask=key_padding_mask)
         link_in = ctx.link_in
         rebuild = link_in is not None and link_in.rebuilder is ctx.link_out
         stream = ctx.link_out.take(release=rebuild)  # S_l: kept, or rebuilt by the layer above
@@ -251,7 +262,7 @@ class _ResidualAttention(torch.autograd.Function):
             d_scores = torch.empty_like(stream)
         with _device_of(stream):
             dq, dk, dv = _backward(saved, stream, in_rows_layout(d_out), d_stream, d_scores,
-                                   ctx.call, ctx.launch, rebuild)  # fmt: skip
+                                   call, ctx.launch, rebuild)  # fmt: skip
         if rebuild:
             link_in.keep(stream)  # now S_{l-1}, for the previous layer's backward
         ctx.link_out.scores = None  # this layer's q and k: needed no longer
