@@ -34,23 +34,17 @@ from .runs import REPO_ROOT
 # key buffers QB, KB too); KPM (key padding) is int8; every other pointer (the stream, its
 # gradient, the row statistics, the concat phase's gradient buffers GQ, GK) is float32.
 INPUT_DTYPE = ("Q", "K", "V", "OUT", "DOUT", "DK", "DV", "DQ", "QB", "KB")
-# the float scalars; every other lowercase argument is an i32 (strides, lengths, the seed)
+# the float scalars; every other lowercase argument is an i32 (lengths, counts, the seed): the
+# kernels take no strides (one layout), so no integer is known to be aligned
 FLOATS = ("divisor", "mask_value", "dropout_p")
-# strides the launcher passes as 1 (the last dimension of contiguous tensors): triton
-# specialises them to the constant 1, so they are compiled as constexprs
-UNIT = ("sq_d", "sk_d", "sv_d", "sp_s", "sds_s", "sm_s", "skpm_s", "sdo_d")
-# strides that are multiples of the head size, so of 16 (triton marks them divisible by 16, as it
-# does pointers): the row and batch strides of q, k, v, dout; the concat buffers' row strides
-# (depth * head_dim at any depth). Lengths stay unaligned; the concat buffers' batch strides and
-# the slice count stay plain runtime integers (one binary for every depth)
-ALIGNED = ("sq_b", "sq_t", "sk_b", "sk_s", "sv_b", "sv_s", "sdo_b", "sdo_t")
-ALIGNED += ("sqb_t", "skb_s", "sgq_t", "sgk_s")
-# every optional input (previous stream, key padding, the running mean, dropout, the stream
-# gradient in and out): the compile tests turn all on
-OPTIONAL_INPUTS = ("HAS_PREV", "HAS_KPM", "DIVIDE", "DROPOUT", "HAS_DSTREAM", "REBUILD")
+# optional inputs are a pointer or None (then a constexpr None): the previous stream, the
+# additive mask, key padding, the gradient arriving at the stream
+OPTIONAL_POINTERS = ("PREV", "MASK", "KPM", "DSTREAM")
+# the compile tests turn every optional input on: the pointers above present (but the mask of
+# a causal chain), the running mean, dropout and the rebuild of the previous stream
+FLAGS_ON = {"DIVIDE": True, "DROPOUT": True, "REBUILD": True}
 # the route launches a causal chain with the mask made from the indices, any other mask read
-VARIANTS = {"causal": {"CAUSAL": True, "HAS_MASK": False},
-            "mask": {"CAUSAL": False, "HAS_MASK": True}}  # fmt: skip
+VARIANTS = {"causal": {"CAUSAL": True, "MASK": None}, "mask": {"CAUSAL": False}}
 SHORT_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}
 
 # shared memory per block with the opt-in (cudaDevAttrMaxSharedMemoryPerBlockOptin)
@@ -91,23 +85,23 @@ def kernel_set(which):
 
 def constants(kernel, head_dim, cfg, flags):
     """The kernel's constexprs at one launch configuration: the head and block sizes, float32
-    accumulation, ``flags`` (name -> bool), and the unit strides; only names the kernel has."""
+    accumulation, ``flags`` (name -> bool, or None for an absent optional pointer); only names
+    the kernel has."""
     import triton.language as tl
 
     from realformer_fairseq.modules.routes.triton_launch import padded_head_dim
 
     consts = {
         "HEAD_DIM": head_dim, "BLOCK_D": padded_head_dim(head_dim), "BLOCK_M": cfg.block_m,
-        "BLOCK_N": cfg.block_n, "ACC": tl.float32, "PRECISION": "ieee", "UPCAST": False,
+        "BLOCK_N": cfg.block_n, "ACC": tl.float32, "UPCAST": False,
     }  # fmt: skip
     consts.update(flags)
-    consts.update({name: 1 for name in UNIT})
     return {name: value for name, value in consts.items() if name in kernel.arg_names}
 
 
 def signature(kernel, input_dtype_name, constexprs):
     """(signature, attrs) for ``triton.compile``'s ASTSource: the constexprs, then pointers and
-    scalars by the naming conventions above; pointers and ALIGNED strides divisible by 16."""
+    scalars by the naming conventions above; pointers divisible by 16 (as torch allocates)."""
     signature, attrs = {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in constexprs:
@@ -121,8 +115,6 @@ def signature(kernel, input_dtype_name, constexprs):
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "fp32" if name in FLOATS else "i32"
-            if name in ALIGNED:
-                attrs[(i,)] = [["tt.divisibility", 16]]
     return signature, attrs
 
 
@@ -190,8 +182,7 @@ def build_rows(which, arch, dtype_name, head_dim):
     for kernel_name, cfg in configs(head_dim, getattr(torch, dtype_name), capability):
         kernel = kernels[kernel_name]
         for variant in VARIANTS if kernel_name != "delta" else [""]:
-            flags = {flag: True for flag in OPTIONAL_INPUTS}
-            flags.update(VARIANTS.get(variant, {}))
+            flags = dict(FLAGS_ON, **VARIANTS.get(variant, {}))
             consts = constants(kernel, head_dim, cfg, flags)
             compiled, seconds = compile_kernel(
                 kernel, arch, dtype_name, consts, cfg.num_warps, cfg.num_stages

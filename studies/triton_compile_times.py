@@ -31,10 +31,12 @@ from . import triton_build
 from .runs import REPO_ROOT
 
 DEFAULT_JSON = REPO_ROOT / "docs" / "benchmarks" / "triton_compile_times.json"
-# the optional inputs of a chain's first layer (all off) and of a middle one (all on); key
-# padding goes with the mask kind
-MASKS = {"causal": {"CAUSAL": True, "HAS_MASK": False, "HAS_KPM": False},
-         "key padding": {"CAUSAL": False, "HAS_MASK": False, "HAS_KPM": True}}  # fmt: skip
+# the optional inputs of a chain's first layer (all off) and of a middle one (all on); the
+# additive mask and key padding go with the mask kind
+FIRST_LAYER = {"PREV": None, "DSTREAM": None, "DIVIDE": False, "DROPOUT": False,
+               "REBUILD": False}  # fmt: skip
+MASKS = {"causal": {"CAUSAL": True, "MASK": None, "KPM": None},
+         "key padding": {"CAUSAL": False, "MASK": None}}  # fmt: skip
 
 
 def plan(head_dim: int = 64, dtypes=("float16", "bfloat16"), arch: int = 90):
@@ -51,7 +53,7 @@ def plan(head_dim: int = 64, dtypes=("float16", "bfloat16"), arch: int = 90):
                 (mask, inputs) for mask in MASKS for inputs in ("first layer", "middle layer")
             ]  # fmt: skip
             for mask, inputs in variants:
-                flags = {f: inputs == "middle layer" for f in triton_build.OPTIONAL_INPUTS}
+                flags = dict(triton_build.FLAGS_ON if inputs == "middle layer" else FIRST_LAYER)
                 flags.update(MASKS.get(mask, {}))
                 consts = triton_build.constants(kernel, head_dim, cfg, flags)
                 key = (dtype_name, kernel_name, tuple(cfg), tuple(sorted(map(str, consts.items()))))

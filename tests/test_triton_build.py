@@ -1,7 +1,7 @@
 """studies/triton_build.py's naming conventions and checks, with the values written here: the
 Triton signature it gives a stream kernel and a concat-phase kernel (which pointers take the
-inputs' dtype, key padding int8, the float scalars, the unit strides as constants, which
-strides are divisible by 16), and what ``problems`` and ``blocks_per_sm`` say of a row.
+inputs' dtype, key padding int8, the float scalars, an absent optional input as a constexpr
+None, which arguments are divisible by 16), and what ``problems`` and ``blocks_per_sm`` say of a row.
 The kernels are only read (their argument names), under the interpreter as
 tests/test_triton_kernels.py sets it. Needs triton; skipped without it."""
 
@@ -43,45 +43,38 @@ def test_the_forward_kernels_signature_in_float16():
     import triton.language as tl
 
     kernel = tk._forward_kernel
-    flags = {"HAS_PREV": True, "HAS_KPM": True, "DIVIDE": True, "DROPOUT": True}
-    flags.update({"HAS_DSTREAM": True, "CAUSAL": True, "HAS_MASK": False})
+    # the causal variant with every optional input on: no additive mask (None)
+    flags = {"DIVIDE": True, "DROPOUT": True, "REBUILD": True, "CAUSAL": True, "MASK": None}
     consts = constants(kernel, 64, KernelConfig(64, 32, 4, 2), flags)
     assert consts == {
         "HEAD_DIM": 64, "BLOCK_D": 64, "BLOCK_M": 64, "BLOCK_N": 32, "ACC": tl.float32,
-        "PRECISION": "ieee", "UPCAST": False, "HAS_PREV": True, "HAS_KPM": True, "DIVIDE": True,
-        "DROPOUT": True, "CAUSAL": True, "HAS_MASK": False,
-        "sq_d": 1, "sk_d": 1, "sv_d": 1, "sp_s": 1, "sm_s": 1, "skpm_s": 1,
+        "UPCAST": False, "DIVIDE": True, "DROPOUT": True, "CAUSAL": True, "MASK": None,
     }  # fmt: skip
     sig, attrs = signature(kernel, "float16", consts)
     assert list(sig) == kernel.arg_names
     assert sig == {
         **dict.fromkeys(["Q", "K", "V", "OUT"], "*fp16"),
-        **dict.fromkeys(["PREV", "STREAM", "ROWMAX", "ROWSUM", "MASK"], "*fp32"),
+        **dict.fromkeys(["PREV", "STREAM", "ROWMAX", "ROWSUM"], "*fp32"),
         "KPM": "*i8",
         **dict.fromkeys(["divisor", "mask_value", "dropout_p"], "fp32"),
         **dict.fromkeys(
-            ["sq_b", "sq_t", "sk_b", "sk_s", "sv_b", "sv_s", "sp_b", "sp_t", "sm_t", "skpm_b",
-             "tgt_len", "src_len", "num_heads", "threshold", "seed"],
-            "i32",
+            ["bsz_heads", "tgt_len", "src_len", "num_heads", "threshold", "seed"], "i32"
         ),
         **dict.fromkeys(consts, "constexpr"),
     }  # fmt: skip
-    # every pointer, and the strides that are multiples of the head size; not the stream's,
-    # the mask's, key padding's strides nor a length
+    # every pointer; no integer (lengths and counts: no strides)
     assert divisible_args(kernel, attrs) == {
-        "Q", "K", "V", "PREV", "STREAM", "OUT", "ROWMAX", "ROWSUM", "MASK", "KPM",
-        "sq_b", "sq_t", "sk_b", "sk_s", "sv_b", "sv_s",
+        "Q", "K", "V", "PREV", "STREAM", "OUT", "ROWMAX", "ROWSUM", "KPM",
     }  # fmt: skip
 
 
 def test_the_concat_backward_kernels_signature_in_bfloat16():
     kernel = tck._concat_backward_kernel
-    flags = {"HAS_KPM": True, "DIVIDE": False, "DROPOUT": True, "CAUSAL": False, "HAS_MASK": True}
+    flags = {"DIVIDE": False, "DROPOUT": True, "REBUILD": True, "CAUSAL": False}
     consts = constants(kernel, 96, KernelConfig(32, 64, 8, 1), flags)
     assert {k: v for k, v in consts.items() if k != "ACC"} == {
-        "HEAD_DIM": 96, "BLOCK_D": 128, "BLOCK_M": 32, "BLOCK_N": 64, "PRECISION": "ieee",
-        "UPCAST": False, "HAS_KPM": True, "DIVIDE": False, "DROPOUT": True, "CAUSAL": False,
-        "HAS_MASK": True, "sv_d": 1, "sdo_d": 1, "sm_s": 1, "skpm_s": 1,
+        "HEAD_DIM": 96, "BLOCK_D": 128, "BLOCK_M": 32, "BLOCK_N": 64, "UPCAST": False,
+        "DIVIDE": False, "DROPOUT": True, "CAUSAL": False,
     }  # fmt: skip
     sig, attrs = signature(kernel, "bfloat16", consts)
     assert list(sig) == kernel.arg_names
@@ -92,18 +85,14 @@ def test_the_concat_backward_kernels_signature_in_bfloat16():
         "KPM": "*i8",
         **dict.fromkeys(["divisor", "mask_value", "dropout_p"], "fp32"),
         **dict.fromkeys(
-            ["sqb_b", "sqb_t", "skb_b", "skb_s", "sv_b", "sv_s", "sdo_b", "sdo_t", "sgk_b",
-             "sgk_s", "sm_t", "skpm_b", "tgt_len", "src_len", "num_heads", "slices",
-             "threshold", "seed"],
+            ["slices", "depth", "bsz_heads", "tgt_len", "src_len", "num_heads", "threshold",
+             "seed"],
             "i32",
         ),
         **dict.fromkeys(consts, "constexpr"),
     }  # fmt: skip
-    # the buffers' row strides (depth * head_dim) are; their batch strides and the slice count
-    # are plain runtime integers (one binary for every depth)
     assert divisible_args(kernel, attrs) == {
         "QB", "KB", "V", "DOUT", "ROWMAX", "ROWSUM", "DELTA", "GK", "DV", "MASK", "KPM",
-        "sqb_t", "skb_s", "sv_b", "sv_s", "sdo_b", "sdo_t", "sgk_s",
     }  # fmt: skip
 
 
