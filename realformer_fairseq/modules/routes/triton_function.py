@@ -403,8 +403,6 @@ def _check(
         raise ValueError(f"empty inputs: q {list(q.shape)}, k {list(k.shape)}")
     if padded_head_dim(head_dim) > MAX_HEAD_DIM:
         raise ValueError(f"the triton kernels take head sizes up to {MAX_HEAD_DIM}, got {head_dim}")
-    if max(q.numel(), k.numel()) > 2**31 - 1:  # the kernels' row offsets are 32-bit
-        raise ValueError(f"q {list(q.shape)} or k {list(k.shape)} exceed 2**31 - 1 elements")
     if triton.cdiv(max(tgt_len, src_len), 16) * bh > 2**31 - 1:
         raise ValueError(f"{bh} heads of {max(tgt_len, src_len)} tokens exceed CUDA's grid")
     if num_heads <= 0 or bh % num_heads:

@@ -35,7 +35,9 @@ def _head_rows(X, bh, offs, length, bsz_heads, HEAD_DIM: tl.constexpr, BLOCK_D: 
     """Pointers to rows ``offs`` of head ``bh`` of a ``(length, bsz*heads, head_dim)`` tensor,
     and their mask (rows past ``length``, columns past ``HEAD_DIM``)."""
     offs_d = tl.arange(0, BLOCK_D)
-    ptrs = X + (offs[:, None] * bsz_heads + bh) * HEAD_DIM + offs_d[None, :]
+    # 64-bit offsets: ptxas spills registers with 32-bit ones
+    rows = bh.to(tl.int64) * HEAD_DIM + offs[:, None].to(tl.int64) * (bsz_heads * HEAD_DIM)
+    ptrs = X + rows + offs_d[None, :]
     return ptrs, (offs < length)[:, None] & (offs_d < HEAD_DIM)[None, :]
 
 
@@ -260,10 +262,12 @@ def _forward_kernel(
         )  # fmt: skip
     if CAUSAL:  # -- the blocks after the diagonal ----
         only_fill = tl.min(tl.where(offs_m < tgt_len, m_i, 0.0)) <= mask_value
+        stream = STREAM + bh.to(tl.int64) * tgt_len * src_len
         for start_n in range(tl.cdiv(hi, BLOCK_N) * BLOCK_N, src_len, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
-            offs, tile = _score_tile(bh, offs_m, offs_n, tgt_len, src_len)
-            tl.store(STREAM + offs, tl.zeros([BLOCK_M, BLOCK_N], ACC), mask=tile)
+            tl.store(stream + offs_m[:, None] * src_len + offs_n[None, :],
+                     tl.zeros([BLOCK_M, BLOCK_N], ACC),
+                     mask=(offs_m < tgt_len)[:, None] & (offs_n < src_len)[None, :])  # fmt: skip
             if only_fill:
                 l_i, acc = _fill_only_step(
                     m_i, l_i, acc, V, bh, offs_m, start_n, bsz_heads, tgt_len, src_len,
