@@ -119,45 +119,53 @@ def signature(kernel, input_dtype_name, constexprs):
 
 
 def compile_kernel(kernel, arch, dtype_name, constexprs, num_warps, num_stages):
-    """(the compiled kernel, the seconds ``triton.compile`` took) for sm_``arch``."""
-    from triton import compile
+    """(the compiled kernel, the seconds ``triton.compile`` took, the ``ptxas -v`` log of the
+    run that made its cubin) for sm_``arch``: triton's own ptxas call, with its own options
+    (``-lineinfo``, ``--regAllocOptLevel=2``), its log captured (triton prints it where
+    ``knobs.nvidia.dump_ptxas_log`` is on)."""
+    import contextlib
+    import io
+
+    from triton import compile, knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     sig, attrs = signature(kernel, dtype_name, constexprs)
+    log = io.StringIO()
     start = time.perf_counter()
-    compiled = compile(
-        ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs),
-        target=GPUTarget("cuda", arch, 32),
-        options={"num_warps": num_warps, "num_stages": num_stages},
-    )
-    return compiled, time.perf_counter() - start
+    with knobs.nvidia.scope(), contextlib.redirect_stdout(log):
+        knobs.nvidia.dump_ptxas_log = True
+        compiled = compile(
+            ASTSource(fn=kernel, signature=sig, constexprs=constexprs, attrs=attrs),
+            target=GPUTarget("cuda", arch, 32),
+            options={"num_warps": num_warps, "num_stages": num_stages},
+        )
+    seconds = time.perf_counter() - start
+    if "Used" not in log.getvalue():
+        raise RuntimeError(
+            f"no ptxas log for {kernel.fn.__name__}: triton took it from its cache (compile "
+            "each configuration into a fresh TRITON_CACHE_DIR)"
+        )
+    return compiled, seconds, log.getvalue()
 
 
-def ptxas_report(compiled, arch, workdir):
-    """ptxas -v on the compiled PTX (registers, spill bytes, stack) and cuobjdump -sass on its
-    cubin (line count, the FENCE matches), with the tools triton compiles with: its ptxas
-    (triton 3.9: CUDA 13's, "ptxas-blackwell", for every target) and the cuobjdump beside it."""
+def ptxas_report(compiled, ptxas_log, arch, workdir):
+    """What ptxas made of the kernel, from the log of triton's own ptxas run (registers, spill
+    bytes, stack), and cuobjdump -sass on its cubin (line count, the FENCE matches) with the
+    cuobjdump beside triton's ptxas (triton 3.9: CUDA 13's, "ptxas-blackwell", for every
+    target)."""
     from triton.backends.nvidia.compiler import get_ptxas
 
-    ptxas_path = get_ptxas(arch).path
-    cuobjdump_path = os.path.join(os.path.dirname(ptxas_path), "cuobjdump")
-    ptxas_arch = "sm_90a" if arch == 90 else f"sm_{arch}"
+    cuobjdump_path = os.path.join(os.path.dirname(get_ptxas(arch).path), "cuobjdump")
     base = os.path.join(tempfile.mkdtemp(dir=workdir), "kernel")
-    with open(base + ".ptx", "w") as f:
-        f.write(compiled.asm["ptx"])
     with open(base + ".cubin", "wb") as f:
         f.write(compiled.asm["cubin"])
-    report = subprocess.run(
-        [ptxas_path, f"-arch={ptxas_arch}", "-v", base + ".ptx", "-o", base + ".ptxas.cubin"],
-        capture_output=True, text=True, check=True,
-    ).stderr  # fmt: skip
     sass = subprocess.run(
         [cuobjdump_path, "-sass", base + ".cubin"], capture_output=True, text=True, check=True
     ).stdout
 
     def number(pattern):
-        return int(re.search(pattern, report).group(1))
+        return int(re.search(pattern, ptxas_log).group(1))
 
     return {
         "registers": number(r"Used (\d+) registers"),
@@ -184,12 +192,12 @@ def build_rows(which, arch, dtype_name, head_dim):
         for variant in VARIANTS if kernel_name != "delta" else [""]:
             flags = dict(FLAGS_ON, **VARIANTS.get(variant, {}))
             consts = constants(kernel, head_dim, cfg, flags)
-            compiled, seconds = compile_kernel(
+            compiled, seconds, log = compile_kernel(
                 kernel, arch, dtype_name, consts, cfg.num_warps, cfg.num_stages
             )
             row = {"kernel": kernel_name, "variant": variant, "config": list(cfg),
                    "seconds": round(seconds, 1)}  # fmt: skip
-            row.update(ptxas_report(compiled, arch, work))
+            row.update(ptxas_report(compiled, log, arch, work))
             rows.append(row)
     return rows
 

@@ -66,7 +66,7 @@ def plan(head_dim: int = 64, dtypes=("float16", "bfloat16"), arch: int = 90):
 def measure(head_dim: int = 64, dtypes=("float16", "bfloat16"), arch: int = 90):
     rows = []
     for dtype_name, kernel_name, kernel, cfg, mask, inputs, consts in plan(head_dim, dtypes, arch):
-        _, seconds = triton_build.compile_kernel(
+        _, seconds, _ = triton_build.compile_kernel(
             kernel, arch, dtype_name, consts, cfg.num_warps, cfg.num_stages
         )
         rows.append(dict(dtype=dtype_name, head_dim=head_dim, kernel=kernel_name,

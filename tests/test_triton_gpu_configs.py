@@ -363,3 +363,37 @@ def test_float64_on_cuda_is_refused_in_one_line():
     assert str(err.value) == "the triton kernels take float64 in the interpreter only, not on CUDA"
     single = torch.zeros(2, 5, 8).as_subclass(PretendCuda)
     assert ta._check(single, single, single, None, None, None, 1, 1.0, 0.0, False) is None
+
+
+def test_the_kernels_read_and_write_fairseqs_layout_without_a_copy(monkeypatch):
+    """q, k, v as the route's module projects them (fairseq's ``(length, bsz*heads, head_dim)``
+    in memory) reach the kernels as they are (the forward's ``Q``, ``K``, ``V`` are their
+    storages); the output, ``dq``, ``dk`` and ``dv`` come back in that layout, so the merge of
+    the heads (``transpose(0, 1).contiguous()``) is the output itself. A tensor in another
+    layout is copied once and gives the same values."""
+    recorded = RecordedKernel(ta._forward_kernel)
+    monkeypatch.setattr(ta, "_forward_kernel", recorded)
+    g = torch.Generator().manual_seed(0)
+    bsz_heads, tgt_len, src_len, head_dim = 6, 9, 11, 8
+    q, k, v = (
+        torch.randn(length, bsz_heads, head_dim, generator=g, dtype=torch.float64)
+        .transpose(0, 1).requires_grad_()
+        for length in (tgt_len, src_len, src_len)
+    )  # fmt: skip
+    out, _ = ta.residual_attention(q, k, v, None, None, None, 3, 1.0, 0.0)
+    assert recorded.launches[0]["Q"] == storage(q)
+    assert (recorded.launches[0]["K"], recorded.launches[0]["V"]) == (storage(k), storage(v))
+    assert out.shape == (bsz_heads, tgt_len, head_dim)
+    assert out.transpose(0, 1).is_contiguous() and not out.is_contiguous()
+    assert out.transpose(0, 1).contiguous().data_ptr() == out.data_ptr()
+    d_out = torch.randn(out.shape, generator=g, dtype=out.dtype)  # contiguous: copied
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), d_out)
+    for grad in (dq, dk, dv):
+        assert grad.transpose(0, 1).is_contiguous() and not grad.is_contiguous()
+    # the same inputs as contiguous (bsz*heads, length, head_dim) tensors: copied, same values
+    leaves = [t.detach().contiguous().requires_grad_() for t in (q, k, v)]
+    out2, _ = ta.residual_attention(*leaves, None, None, None, 3, 1.0, 0.0)
+    assert recorded.launches[1]["Q"] != storage(leaves[0])
+    assert torch.equal(out2, out)
+    for a, b in zip(torch.autograd.grad(out2, leaves, d_out), (dq, dk, dv)):
+        assert torch.equal(a, b)

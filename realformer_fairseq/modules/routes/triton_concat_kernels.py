@@ -16,10 +16,12 @@ import triton.language as tl
 from .triton_kernels import (
     RUNTIME_INTEGERS,
     _any_row_only_fill,
+    _causal_query_blocks,
     _dot,
     _fill_only_step,
     _load_rows,
     _logits,
+    _probabilities,
     _program,
     _softmax_gradient,
     _softmax_step,
@@ -33,7 +35,8 @@ def _slice_rows(X, bh, offs, length, depth, HEAD_DIM: tl.constexpr, BLOCK_D: tl.
     ``+ i * HEAD_DIM``), and their mask."""
     offs_d = tl.arange(0, BLOCK_D)
     width = depth * HEAD_DIM
-    ptrs = X + bh.to(tl.int64) * length * width + offs[:, None] * width + offs_d[None, :]
+    rows = bh.to(tl.int64) * length * width + offs[:, None].to(tl.int64) * width  # as _head_rows
+    ptrs = X + rows + offs_d[None, :]
     return ptrs, (offs < length)[:, None] & (offs_d < HEAD_DIM)[None, :]
 
 
@@ -71,11 +74,12 @@ def _tile_gradient(
                        BLOCK_D, BLOCK_M, BLOCK_N, ACC, UPCAST)  # fmt: skip
     logits, pad2 = _logits(s, offs_m, offs_n, bh, tgt_len, src_len, num_heads, divisor,
                            mask_value, MASK, KPM, DIVIDE, CAUSAL)  # fmt: skip
+    p, _ = _probabilities(logits, ROWMAX, ROWSUM, bh, offs_m, offs_n, tgt_len, src_len)
     do = _load_rows(DOUT, bh, offs_m, tgt_len, bsz_heads, HEAD_DIM, BLOCK_D)
     v = _load_rows(V, bh, offs_n, src_len, bsz_heads, HEAD_DIM, BLOCK_D)
-    ds, pd, _ = _softmax_gradient(
-        logits, pad2, do, v, ROWMAX, ROWSUM, DELTA, bh, offs_m, start_n, tgt_len, src_len,
-        divisor, dropout_p, threshold, seed, BLOCK_M, BLOCK_N, DIVIDE, DROPOUT, ACC, UPCAST,
+    ds, pd = _softmax_gradient(
+        p, pad2, do, v, DELTA, bh, offs_m, start_n, tgt_len, src_len, divisor, dropout_p,
+        threshold, seed, BLOCK_M, BLOCK_N, DIVIDE, DROPOUT, ACC, UPCAST,
     )  # fmt: skip
     return ds, pd, do
 
@@ -144,30 +148,25 @@ def _concat_backward_kernel(
     offs_n = start_n + tl.arange(0, BLOCK_N)
     gk_ptrs, gk_mask = _slice_rows(GK, bh, offs_n, src_len, depth, HEAD_DIM, BLOCK_D)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
-    lo = 0
-    if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M  # the first query block that sees a key
-    for start_m in range(0, tgt_len, BLOCK_M):
+    lo, fill_end = _causal_query_blocks(ROWMAX, bh, start_n, tgt_len, mask_value, BLOCK_M, CAUSAL)
+    for walked in range(0, fill_end + tgt_len - lo, BLOCK_M):  # [0, fill_end), then [lo, ...)
+        start_m = tl.where(walked < fill_end, walked, walked - fill_end + lo)
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        run = start_m >= lo
-        if not run:
-            run = _any_row_only_fill(ROWMAX, bh, offs_m, tgt_len, mask_value)
-        if run:
-            ds, pd, do = _tile_gradient(
-                QB, KB, V, DOUT, ROWMAX, ROWSUM, DELTA, MASK, KPM, bh, offs_m, start_n,
-                bsz_heads, tgt_len, src_len, num_heads, slices, depth, divisor, mask_value,
-                dropout_p, threshold, seed, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, DIVIDE, DROPOUT,
-                CAUSAL, ACC, UPCAST,
-            )  # fmt: skip
-            dv += _dot(tl.trans(pd.to(do.dtype)), do, ACC, UPCAST)
-            q_ptrs, q_mask = _slice_rows(QB, bh, offs_m, tgt_len, depth, HEAD_DIM, BLOCK_D)
-            ds_t = tl.trans(ds.to(QB.dtype.element_ty))
-            for i in range(0, slices):
-                q = tl.load(q_ptrs + i * HEAD_DIM, mask=q_mask, other=0.0)
-                gk = tl.load(gk_ptrs + i * HEAD_DIM, mask=gk_mask, other=0.0)
-                gk += _dot(ds_t, q, ACC, UPCAST)
-                tl.store(gk_ptrs + i * HEAD_DIM, gk, mask=gk_mask)
-            tl.debug_barrier()
+        tl.debug_barrier()  # the rows of GK the previous block stored, read back below
+        ds, pd, do = _tile_gradient(
+            QB, KB, V, DOUT, ROWMAX, ROWSUM, DELTA, MASK, KPM, bh, offs_m, start_n,
+            bsz_heads, tgt_len, src_len, num_heads, slices, depth, divisor, mask_value,
+            dropout_p, threshold, seed, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N, DIVIDE, DROPOUT,
+            CAUSAL, ACC, UPCAST,
+        )  # fmt: skip
+        dv += _dot(tl.trans(pd.to(do.dtype)), do, ACC, UPCAST)
+        q_ptrs, q_mask = _slice_rows(QB, bh, offs_m, tgt_len, depth, HEAD_DIM, BLOCK_D)
+        ds_t = tl.trans(ds.to(QB.dtype.element_ty))
+        for i in range(0, slices):
+            q = tl.load(q_ptrs + i * HEAD_DIM, mask=q_mask, other=0.0)
+            gk = tl.load(gk_ptrs + i * HEAD_DIM, mask=gk_mask, other=0.0)
+            gk += _dot(ds_t, q, ACC, UPCAST)
+            tl.store(gk_ptrs + i * HEAD_DIM, gk, mask=gk_mask)
     _store_rows(DV, dv, bh, offs_n, src_len, bsz_heads, HEAD_DIM, BLOCK_D)
 
 

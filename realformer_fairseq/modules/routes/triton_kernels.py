@@ -65,7 +65,7 @@ def _score_tile(bh, offs_m, offs_n, tgt_len, src_len):
 
 @triton.jit
 def _row_statistic(X, bh, offs_m, tgt_len, other):
-    return tl.load(X + bh.to(tl.int64) * tgt_len + offs_m, mask=offs_m < tgt_len, other=other)
+    return tl.load(X + bh * tgt_len + offs_m, mask=offs_m < tgt_len, other=other)
 
 
 # ---------------------------------------------------------------- shared steps
@@ -185,21 +185,44 @@ def _any_row_only_fill(ROWMAX, bh, offs_m, tgt_len, mask_value):
 
 
 @triton.jit
-def _softmax_gradient(
-    logits, pad2, do, v, ROWMAX, ROWSUM, DELTA, bh, offs_m, start_n, tgt_len, src_len, divisor,
-    dropout_p, threshold, seed, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    DIVIDE: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr,
-):  # fmt: skip
-    """The gradient of a tile's stream (the softmax's, divided for the running mean, 0 at
-    padded keys, which were replaced, not added to), the dropped probabilities (for ``dv``)
-    and the rows' maximum, the probabilities recomputed from the row statistics."""
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    tile = (offs_m < tgt_len)[:, None] & (offs_n < src_len)[None, :]
+def _probabilities(logits, ROWMAX, ROWSUM, bh, offs_m, offs_n, tgt_len, src_len):
+    """The tile's probabilities, recomputed from the row statistics, and the rows' maximum."""
     m_i = _row_statistic(ROWMAX, bh, offs_m, tgt_len, 0.0)
     l_i = _row_statistic(ROWSUM, bh, offs_m, tgt_len, 1.0)
-    delta = _row_statistic(DELTA, bh, offs_m, tgt_len, 0.0)
     p = tl.exp(logits - m_i[:, None]) * (1.0 / l_i)[:, None]
-    p = tl.where(tile, p, 0.0)
+    tile = (offs_m < tgt_len)[:, None] & (offs_n < src_len)[None, :]
+    return tl.where(tile, p, 0.0), m_i
+
+
+@triton.jit
+def _causal_query_blocks(
+    ROWMAX, bh, start_n, tgt_len, mask_value, BLOCK_M: tl.constexpr, CAUSAL: tl.constexpr
+):  # fmt: skip
+    """``(lo, fill_end)`` of a key-block pass's block of keys from ``start_n``: the query blocks
+    it computes are ``[0, fill_end)`` and ``[lo, tgt_len)``. ``CAUSAL``: ``lo`` is the first
+    query block that sees a key of the block; the blocks before it hold 0 but where a row sees
+    only the fill (every key up to it padded: such rows are a prefix of the rows), up to
+    ``fill_end``. Without ``CAUSAL``: every block (``lo = fill_end = 0``)."""
+    lo = start_n * 0
+    fill_end = start_n * 0
+    if CAUSAL:
+        lo = (start_n // BLOCK_M) * BLOCK_M
+        for start_m in range(0, lo, BLOCK_M):
+            if _any_row_only_fill(ROWMAX, bh, start_m + tl.arange(0, BLOCK_M), tgt_len, mask_value):
+                fill_end = start_m + BLOCK_M
+    return lo, fill_end
+
+
+@triton.jit
+def _softmax_gradient(
+    p, pad2, do, v, DELTA, bh, offs_m, start_n, tgt_len, src_len, divisor, dropout_p, threshold,
+    seed, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DIVIDE: tl.constexpr,
+    DROPOUT: tl.constexpr, ACC: tl.constexpr, UPCAST: tl.constexpr,
+):  # fmt: skip
+    """The gradient of a tile's stream (the softmax's, divided for the running mean, 0 at
+    padded keys, which were replaced, not added to) and the dropped probabilities (for
+    ``dv``)."""
+    delta = _row_statistic(DELTA, bh, offs_m, tgt_len, 0.0)
     # dP of the dropped probabilities, as the eager route's P.V in the values' dtype
     dp = _dot(do, tl.trans(v), ACC, UPCAST)
     if DROPOUT:
@@ -214,7 +237,7 @@ def _softmax_gradient(
     if DIVIDE:
         ds = ds / divisor
     ds = tl.where(pad2, 0.0, ds)
-    return ds, pd, m_i
+    return ds, pd
 
 
 # ---------------------------------------------------------------- the kernels
@@ -322,45 +345,40 @@ def _backward_kernel(
     v = _load_rows(V, bh, offs_n, src_len, bsz_heads, HEAD_DIM, BLOCK_D)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
-    lo = 0
+    lo, fill_end = _causal_query_blocks(ROWMAX, bh, start_n, tgt_len, mask_value, BLOCK_M, CAUSAL)
     if CAUSAL:
-        lo = (start_n // BLOCK_M) * BLOCK_M  # the first query block that sees a key
-    for start_m in range(0, tgt_len, BLOCK_M):
+        for start_m in range(fill_end, lo, BLOCK_M):  # wholly after the diagonal: 0
+            offs, tile = _score_tile(bh, start_m + tl.arange(0, BLOCK_M), offs_n, tgt_len, src_len)
+            tl.store(DS + offs, tl.zeros([BLOCK_M, BLOCK_N], ACC), mask=tile)
+    for walked in range(0, fill_end + tgt_len - lo, BLOCK_M):  # [0, fill_end), then [lo, ...)
+        start_m = tl.where(walked < fill_end, walked, walked - fill_end + lo)
         offs_m = start_m + tl.arange(0, BLOCK_M)
         offs, tile = _score_tile(bh, offs_m, offs_n, tgt_len, src_len)
-        skip = False
-        if CAUSAL:  # a tile wholly after the diagonal (its stream 0 in every layer) is skipped
-            skip = start_m < lo
-            if skip:  # but where a row sees only the fill
-                skip = not _any_row_only_fill(ROWMAX, bh, offs_m, tgt_len, mask_value)
-        if skip:
-            tl.store(DS + offs, tl.zeros([BLOCK_M, BLOCK_N], ACC), mask=tile)
-        else:
-            q = _load_rows(Q, bh, offs_m, tgt_len, bsz_heads, HEAD_DIM, BLOCK_D)
-            do = _load_rows(DOUT, bh, offs_m, tgt_len, bsz_heads, HEAD_DIM, BLOCK_D)
-            s = tl.load(STREAM + offs, mask=tile, other=0.0)
-            if REBUILD:  # -- this program's own tile: read above, written once here ----
-                rebuilt = s - _dot(q, tl.trans(k), ACC, UPCAST)
-                if CAUSAL:
-                    rebuilt = tl.where(offs_n[None, :] > offs_m[:, None], 0.0, rebuilt)
-                tl.store(STREAM + offs, rebuilt, mask=tile)
-            # -- the softmax's gradient, plus the one arriving at the stream ----
-            logits, pad2 = _logits(s, offs_m, offs_n, bh, tgt_len, src_len, num_heads, divisor,
-                                   mask_value, MASK, KPM, DIVIDE, CAUSAL)  # fmt: skip
-            ds, pd, m_i = _softmax_gradient(
-                logits, pad2, do, v, ROWMAX, ROWSUM, DELTA, bh, offs_m, start_n, tgt_len,
-                src_len, divisor, dropout_p, threshold, seed, BLOCK_M, BLOCK_N, DIVIDE, DROPOUT,
-                ACC, UPCAST,
-            )  # fmt: skip
-            dv += _dot(tl.trans(pd.to(v.dtype)), do, ACC, UPCAST)
-            if DSTREAM is not None:
-                ds_in = tl.load(DSTREAM + offs, mask=tile, other=0.0).to(ACC)
-                if CAUSAL:  # after the diagonal, only rows that see only the fill take it on
-                    ds_in = tl.where((offs_n[None, :] > offs_m[:, None])
-                                     & (m_i > mask_value)[:, None], 0.0, ds_in)  # fmt: skip
-                ds = ds + ds_in
-            tl.store(DS + offs, ds, mask=tile)
-            dk += _dot(tl.trans(ds.to(q.dtype)), q, ACC, UPCAST)
+        q = _load_rows(Q, bh, offs_m, tgt_len, bsz_heads, HEAD_DIM, BLOCK_D)
+        do = _load_rows(DOUT, bh, offs_m, tgt_len, bsz_heads, HEAD_DIM, BLOCK_D)
+        s = tl.load(STREAM + offs, mask=tile, other=0.0)
+        if REBUILD:  # -- this program's own tile: read above, written once here ----
+            rebuilt = s - _dot(q, tl.trans(k), ACC, UPCAST)
+            if CAUSAL:
+                rebuilt = tl.where(offs_n[None, :] > offs_m[:, None], 0.0, rebuilt)
+            tl.store(STREAM + offs, rebuilt, mask=tile)
+        # -- the softmax's gradient, plus the one arriving at the stream ----
+        logits, pad2 = _logits(s, offs_m, offs_n, bh, tgt_len, src_len, num_heads, divisor,
+                               mask_value, MASK, KPM, DIVIDE, CAUSAL)  # fmt: skip
+        p, m_i = _probabilities(logits, ROWMAX, ROWSUM, bh, offs_m, offs_n, tgt_len, src_len)
+        ds, pd = _softmax_gradient(
+            p, pad2, do, v, DELTA, bh, offs_m, start_n, tgt_len, src_len, divisor, dropout_p,
+            threshold, seed, BLOCK_M, BLOCK_N, DIVIDE, DROPOUT, ACC, UPCAST,
+        )  # fmt: skip
+        dv += _dot(tl.trans(pd.to(v.dtype)), do, ACC, UPCAST)
+        if DSTREAM is not None:
+            ds_in = tl.load(DSTREAM + offs, mask=tile, other=0.0).to(ACC)
+            if CAUSAL:  # after the diagonal, only rows that see only the fill take it on
+                ds_in = tl.where((offs_n[None, :] > offs_m[:, None])
+                                 & (m_i > mask_value)[:, None], 0.0, ds_in)  # fmt: skip
+            ds = ds + ds_in
+        tl.store(DS + offs, ds, mask=tile)
+        dk += _dot(tl.trans(ds.to(q.dtype)), q, ACC, UPCAST)
     _store_rows(DK, dk, bh, offs_n, src_len, bsz_heads, HEAD_DIM, BLOCK_D)
     _store_rows(DV, dv, bh, offs_n, src_len, bsz_heads, HEAD_DIM, BLOCK_D)
 
