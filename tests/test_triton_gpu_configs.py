@@ -3,8 +3,9 @@ launches, run on CPU tensors by Triton's interpreter with the launch table's cap
 (``INTERPRETER_CAPABILITY``, what ``launch_config`` reads for CPU tensors): residual attention (RealFormer,
 He et al. 2020, arXiv 2012.11747) against its formula and the eager route, outputs and every
 gradient, at each block structure the table gives sm_80, sm_86 or sm_90: forward query blocks
-wider than its key blocks (64 x 32), dq blocks other than the key-block pass's (64 x 64 or
-32 x 32 against 32 x 32; 32 x 32 against 16 x 16 at float32), lengths over several blocks with
+wider than its key blocks (64 x 32), key-block passes of 16 queries by 32 keys (head sizes
+65-128), dq blocks other than the key-block pass's (64 x 64 or 32 x 32 against 32 x 32 or
+16 x 32; 32 x 32 against 16 x 16 at float32), lengths over several blocks with
 ragged last ones and lengths shorter than one block, head sizes 80 and 96 (padded to 128).
 
 The interpreter runs each block as one array whatever ``num_warps`` and ``num_stages``: the block
@@ -58,15 +59,17 @@ SM80, SM86, SM90 = (8, 0), (8, 6), (9, 0)
 # as the launch table is meant to give them to a GPU (written here, not read from the table).
 # The key-block pass tiles the keys; the forward and the dq pass the queries, which choose the
 # class ("over 64 tokens": more than 64 queries).
-SHORT_16, LONG_16, LONG_16_HEAD_128 = (
-    "16-bit, up to 64 tokens",
+SHORT_16, SHORT_16_HEAD_128, LONG_16, LONG_16_HEAD_128 = (
+    "16-bit, head size up to 64, up to 64 tokens",
+    "16-bit, head size 65-128, up to 64 tokens",
     "16-bit, head size up to 64, over 64 tokens",
     "16-bit, head size 65-128, over 64 tokens",
 )
 BLOCKS = {
     SHORT_16: ((32, 32), (32, 32), (32, 32)),
+    SHORT_16_HEAD_128: ((32, 32), (16, 32), (32, 32)),
     LONG_16: ((64, 32), (32, 32), (64, 64)),
-    LONG_16_HEAD_128: ((64, 32), (32, 32), (32, 32)),
+    LONG_16_HEAD_128: ((64, 32), (16, 32), (32, 32)),
     "float32": ((16, 16), (16, 16), (32, 32)),
 }
 
@@ -84,7 +87,7 @@ ROWS = {
     "fp16-head96-long": (torch.float16, torch.float64, 96, LONG_16_HEAD_128, LONG),
     "bf16-head80-long": (torch.bfloat16, torch.float64, 80, LONG_16_HEAD_128, LONG),
     "fp16-head128-long": (torch.float16, torch.float64, 128, LONG_16_HEAD_128, LONG),
-    "fp16-head80-short": (torch.float16, torch.float64, 80, SHORT_16, SHORT),
+    "fp16-head80-short": (torch.float16, torch.float64, 80, SHORT_16_HEAD_128, SHORT),
     "bf16-head64-short": (torch.bfloat16, torch.float64, 64, SHORT_16, SHORT),
     "fp32-head96": (torch.float32, torch.float32, 96, "float32", FLOAT32),
     "float64-head80": (None, torch.float64, 80, "float32", FLOAT32),
