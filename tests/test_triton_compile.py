@@ -10,9 +10,9 @@ stream gradient in and out), each kernel twice: with the causal mask made from t
 with an additive mask read.
 
 For each compiled kernel, with the tools the triton wheel ships (``triton/backends/nvidia/bin``):
-the ``ptxas`` triton compiles with, ``-v`` on its PTX for its target (``sm_80``, ``sm_90a``)
-reports the registers and the spill stores and loads (must be 0); triton's metadata the shared
-memory (must fit the target's per-block limit);
+the ``-v`` log of triton's own ptxas call, the one that makes the cubin a GPU loads (its options:
+``-lineinfo --regAllocOptLevel=2``), reports the registers and the spill stores and loads (must
+be 0); triton's metadata the shared memory (must fit the target's per-block limit);
 ``cuobjdump -sass`` on its cubin must hold no GPU- or system-scope memory fence (``MEMBAR.*.GPU``,
 ``MEMBAR.*.SYS``, ``MEMBAR.SC``) and no L1 invalidation (``CCTL.IVALL``): what an
 acquire-release atomic compiles to; nor any global atomic (``ATOM``, ``RED``, Hopper's ``REDG``:
@@ -105,4 +105,31 @@ def test_cpu_tensors_without_the_interpreter_stop_with_one_line():
     assert proc.stderr.strip().splitlines()[-1] == (
         "ValueError: the triton kernels run on CUDA tensors, got cpu "
         "(CPU tensors only under TRITON_INTERPRET=1, set before triton is imported)"
+    )
+
+
+def test_the_report_is_the_log_of_tritons_own_ptxas_call(tmp_path):
+    """studies/triton_build.py reads the ``-v`` log of the ptxas call triton makes the cubin
+    with. A kernel triton takes from its cache was not compiled by that call and has no log:
+    that stops with one line instead of a report of nothing (or of another call)."""
+    code = (
+        "from studies import triton_build as tb\n"
+        "from realformer_fairseq.modules.routes import triton_kernels as tk\n"
+        "from realformer_fairseq.modules.routes.triton_launch import KernelConfig\n"
+        "consts = tb.constants(tk._delta_kernel, 64, KernelConfig(64, 16, 4, 1), {})\n"
+        "compiled, _, log = tb.compile_kernel(tk._delta_kernel, 90, 'float16', consts, 4, 1)\n"
+        "print(tb.ptxas_report(compiled, log, 90, None)['registers'])\n"
+        "tb.compile_kernel(tk._delta_kernel, 90, 'float16', consts, 4, 1)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.update(TRITON_DEFAULT_FP_FUSION="1", TRITON_CACHE_DIR=str(tmp_path))
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert 16 <= int(proc.stdout.strip().splitlines()[-1]) <= 255
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "RuntimeError: no ptxas log for _delta_kernel: triton took it from its cache (compile "
+        "each configuration into a fresh TRITON_CACHE_DIR)"
     )
