@@ -25,6 +25,7 @@ from .triton_kernels import (
     _program,
     _softmax_gradient,
     _softmax_step,
+    _store_output,
     _store_rows,
 )
 
@@ -123,10 +124,8 @@ def _concat_forward_kernel(
                     mask_value, dropout_p, threshold, seed, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
                     DROPOUT, ACC, UPCAST,
                 )  # fmt: skip
-    _store_rows(OUT, acc / l_i[:, None], bh, offs_m, tgt_len, bsz_heads, HEAD_DIM, BLOCK_D)
-    rows = bh.to(tl.int64) * tgt_len + offs_m
-    tl.store(ROWMAX + rows, m_i, mask=offs_m < tgt_len)
-    tl.store(ROWSUM + rows, l_i, mask=offs_m < tgt_len)
+    _store_output(OUT, ROWMAX, ROWSUM, acc, m_i, l_i, bh, offs_m, bsz_heads, tgt_len, HEAD_DIM,
+                  BLOCK_D)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTEGERS)

@@ -177,6 +177,20 @@ def _fill_only_step(
 
 
 @triton.jit
+def _store_output(
+    OUT, ROWMAX, ROWSUM, acc, m_i, l_i, bh, offs_m, bsz_heads, tgt_len, HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """The forward's output rows and row statistics: the maximum and the sum, not their
+    log-sum-exp (a fully masked row's maximum is the fill, -1e30, which would absorb
+    log(src_len))."""
+    _store_rows(OUT, acc / l_i[:, None], bh, offs_m, tgt_len, bsz_heads, HEAD_DIM, BLOCK_D)
+    rows = bh.to(tl.int64) * tgt_len + offs_m
+    tl.store(ROWMAX + rows, m_i, mask=offs_m < tgt_len)
+    tl.store(ROWSUM + rows, l_i, mask=offs_m < tgt_len)
+
+
+@triton.jit
 def _any_row_only_fill(ROWMAX, bh, offs_m, tgt_len, mask_value):
     """Whether a row of the block sees nothing but the fill (its maximum is the fill: every key
     up to it padded, under the causal mask): such a row attends to every key, the ones after it
@@ -297,12 +311,8 @@ def _forward_kernel(
                     mask_value, dropout_p, threshold, seed, HEAD_DIM, BLOCK_D, BLOCK_M, BLOCK_N,
                     DROPOUT, ACC, UPCAST,
                 )  # fmt: skip
-    _store_rows(OUT, acc / l_i[:, None], bh, offs_m, tgt_len, bsz_heads, HEAD_DIM, BLOCK_D)
-    # the maximum and the sum, not their log-sum-exp: a fully masked row's maximum is the fill,
-    # -1e30, which would absorb log(src_len)
-    rows = bh.to(tl.int64) * tgt_len + offs_m
-    tl.store(ROWMAX + rows, m_i, mask=offs_m < tgt_len)
-    tl.store(ROWSUM + rows, l_i, mask=offs_m < tgt_len)
+    _store_output(OUT, ROWMAX, ROWSUM, acc, m_i, l_i, bh, offs_m, bsz_heads, tgt_len, HEAD_DIM,
+                  BLOCK_D)  # fmt: skip
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTEGERS)
