@@ -21,6 +21,8 @@ Shared helpers: ``runs`` (fairseq subprocesses, results, resume, arguments), ``t
 (seed means, Markdown), ``plots`` (matplotlib, the ``plots`` extra), ``text`` (the word
 tokenizer), ``bench_models`` / ``bench_measure`` (the benchmarks' models, timing and memory),
 ``bench_trainer`` (fairseq's own ``Trainer.train_step`` from a user's flags), ``gpu_cases``
-(gpu_check's cases) and ``gpu_plan`` (its parts' estimated seconds and budget).
+(gpu_check's cases), ``gpu_plan`` (its parts' estimated seconds and budget) and
+``triton_build`` (the triton kernels compiled for a GPU target without a GPU: signatures,
+ptxas report, the compile tests' checks).
 The plugin never imports this package (``tests/test_import_graph.py``).
 """

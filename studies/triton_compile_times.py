@@ -27,80 +27,52 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import triton_build
 from .runs import REPO_ROOT
 
 DEFAULT_JSON = REPO_ROOT / "docs" / "benchmarks" / "triton_compile_times.json"
-# the optional inputs of a chain's first layer (none) and of a middle one (all)
-FLAGS = ("HAS_PREV", "DIVIDE", "HAS_DSTREAM", "REBUILD", "DROPOUT")
-INPUT_DTYPE = ("Q", "K", "V", "OUT", "DOUT", "DK", "DV", "DQ")
-FLOATS = ("divisor", "mask_value", "dropout_p")
-UNIT = ("sq_d", "sk_d", "sv_d", "sp_s", "sds_s", "sm_s", "skpm_s", "sdo_d")
-ALIGNED = ("sq_b", "sq_t", "sk_b", "sk_s", "sv_b", "sv_s", "sdo_b", "sdo_t")
-MASKS = {"causal": {"CAUSAL": True, "HAS_MASK": False, "HAS_KPM": False},
-         "key padding": {"CAUSAL": False, "HAS_MASK": False, "HAS_KPM": True}}  # fmt: skip
+# the optional inputs of a chain's first layer (all off) and of a middle one (all on); the
+# additive mask and key padding go with the mask kind
+FIRST_LAYER = {"PREV": None, "DSTREAM": None, "DIVIDE": False, "DROPOUT": False,
+               "REBUILD": False}  # fmt: skip
+MASKS = {"causal": {"CAUSAL": True, "MASK": None, "KPM": None},
+         "key padding": {"CAUSAL": False, "MASK": None}}  # fmt: skip
 
 
-def measure(head_dim: int = 64, dtypes=("float16", "bfloat16"), arch: int = 90):
+def plan(head_dim: int = 64, dtypes=("float16", "bfloat16"), arch: int = 90):
+    """(dtype, kernel name, kernel, config, mask, inputs, constexprs), one per compile."""
     import torch
-    import triton.language as tl
-    from triton import compile
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
 
-    from realformer_fairseq.modules.routes import triton_kernels as ta
-    from realformer_fairseq.modules.routes import triton_launch
-
-    kernels = {"forward": ta._forward_kernel, "delta": ta._delta_kernel,
-               "backward": ta._backward_kernel, "dq": ta._dq_kernel}  # fmt: skip
-    rows, seen = [], set()
+    kernels, launch_configs = triton_build.kernel_set("stream")
+    seen = set()
     for dtype_name in dtypes:
         dtype = getattr(torch, dtype_name)
-        short = {"float16": "fp16", "bfloat16": "bf16"}[dtype_name]
-        for kernel_name, cfg in triton_launch.launch_configs(head_dim, dtype, (arch // 10, arch % 10)):
+        for kernel_name, cfg in launch_configs(head_dim, dtype, (arch // 10, arch % 10)):
             kernel = kernels[kernel_name]
             variants = [("", "")] if kernel_name == "delta" else [
                 (mask, inputs) for mask in MASKS for inputs in ("first layer", "middle layer")
             ]  # fmt: skip
             for mask, inputs in variants:
-                consts = {
-                    "HEAD_DIM": head_dim, "BLOCK_D": triton_launch.padded_head_dim(head_dim),
-                    "BLOCK_M": cfg.block_m, "BLOCK_N": cfg.block_n, "ACC": tl.float32,
-                    "PRECISION": "ieee", "UPCAST": False,
-                }  # fmt: skip
-                consts = {k: v for k, v in consts.items() if k in kernel.arg_names}
-                on = inputs == "middle layer"
-                consts.update({f: on for f in FLAGS if f in kernel.arg_names})
-                consts.update({f: v for f, v in MASKS.get(mask, {}).items()
-                               if f in kernel.arg_names})  # fmt: skip
-                consts.update({name: 1 for name in UNIT if name in kernel.arg_names})
+                flags = dict(triton_build.FLAGS_ON if inputs == "middle layer" else FIRST_LAYER)
+                flags.update(MASKS.get(mask, {}))
+                consts = triton_build.constants(kernel, head_dim, cfg, flags)
                 key = (dtype_name, kernel_name, tuple(cfg), tuple(sorted(map(str, consts.items()))))
                 if key in seen:  # a kernel without these inputs (dq, delta): one compile
                     continue
                 seen.add(key)
-                signature, attrs = {}, {}
-                for i, name in enumerate(kernel.arg_names):
-                    if name in consts:
-                        signature[name] = "constexpr"
-                    elif name.isupper():
-                        pointee = (
-                            short if name in INPUT_DTYPE else "i8" if name == "KPM" else "fp32"
-                        )
-                        signature[name] = "*" + pointee
-                        attrs[(i,)] = [["tt.divisibility", 16]]
-                    else:
-                        signature[name] = "fp32" if name in FLOATS else "i32"
-                        if name in ALIGNED:
-                            attrs[(i,)] = [["tt.divisibility", 16]]
-                start = time.perf_counter()
-                compile(
-                    ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs),
-                    target=GPUTarget("cuda", arch, 32),
-                    options={"num_warps": cfg.num_warps, "num_stages": cfg.num_stages},
-                )
-                rows.append(dict(dtype=dtype_name, head_dim=head_dim, kernel=kernel_name,
-                                 config=list(cfg), mask=mask, inputs=inputs,
-                                 seconds=round(time.perf_counter() - start, 2)))  # fmt: skip
-                print(json.dumps(rows[-1]), flush=True)
+                yield dtype_name, kernel_name, kernel, cfg, mask, inputs, consts
+
+
+def measure(head_dim: int = 64, dtypes=("float16", "bfloat16"), arch: int = 90):
+    rows = []
+    for dtype_name, kernel_name, kernel, cfg, mask, inputs, consts in plan(head_dim, dtypes, arch):
+        _, seconds, _ = triton_build.compile_kernel(
+            kernel, arch, dtype_name, consts, cfg.num_warps, cfg.num_stages
+        )
+        rows.append(dict(dtype=dtype_name, head_dim=head_dim, kernel=kernel_name,
+                         config=list(cfg), mask=mask, inputs=inputs,
+                         seconds=round(seconds, 2)))  # fmt: skip
+        print(json.dumps(rows[-1]), flush=True)
     return rows
 
 

@@ -297,8 +297,7 @@ def test_attention_dropout_on_cpu_runs_the_eager_route_with_its_dropout_draws(ca
     assert_grads_equal(eager, concat)
     first = concat.encoder.layers[0].self_attn
     assert (
-        first.last_route
-        == "eager, because attention dropout on CPU (no fused CPU kernel draws it)"
+        first.last_route == "eager, because attention dropout on CPU (no fused CPU kernel draws it)"
     )
     assert concat.encoder.layers[1].self_attn.last_route == "eager, the chain's stream"
     assert "layer 0 of its chain: eager, because attention dropout on CPU" in caplog.text

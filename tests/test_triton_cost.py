@@ -95,9 +95,9 @@ def test_the_launch_table_is_read_from_the_kernels_source():
     assert table["SHORT"] == 64
     assert tuple(config("forward", 64, 2, 2048, table)) == (64, 32, 8, 2)
     assert tuple(config("forward", 64, 2, 64, table)) == (32, 32, 4, 2)
-    assert tuple(config("backward", 64, 2, 2048, table)) == (32, 32, 4, 2)
+    assert tuple(config("backward", 64, 2, 2048, table)) == (32, 32, 4, 1)
     assert tuple(config("dq", 64, 2, 2048, table)) == (64, 64, 4, 2)
-    assert tuple(config("dq", 128, 2, 2048, table)) == (32, 32, 4, 2)
+    assert tuple(config("dq", 128, 2, 2048, table)) == (32, 32, 4, 1)
     assert tuple(config("delta", 64, 2, 2048, table)) == (64, 16, 4, 1)
 
 

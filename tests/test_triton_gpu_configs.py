@@ -3,8 +3,9 @@ launches, run on CPU tensors by Triton's interpreter with the launch table's cap
 (``INTERPRETER_CAPABILITY``, what ``launch_config`` reads for CPU tensors): residual attention (RealFormer,
 He et al. 2020, arXiv 2012.11747) against its formula and the eager route, outputs and every
 gradient, at each block structure the table gives sm_80, sm_86 or sm_90: forward query blocks
-wider than its key blocks (64 x 32), dq blocks other than the key-block pass's (64 x 64 or
-32 x 32 against 32 x 32; 32 x 32 against 16 x 16 at float32), lengths over several blocks with
+wider than its key blocks (64 x 32), key-block passes of 16 queries by 32 keys (head sizes
+65-128), dq blocks other than the key-block pass's (64 x 64 or 32 x 32 against 32 x 32 or
+16 x 32; 32 x 32 against 16 x 16 at float32), lengths over several blocks with
 ragged last ones and lengths shorter than one block, head sizes 80 and 96 (padded to 128).
 
 The interpreter runs each block as one array whatever ``num_warps`` and ``num_stages``: the block
@@ -58,15 +59,17 @@ SM80, SM86, SM90 = (8, 0), (8, 6), (9, 0)
 # as the launch table is meant to give them to a GPU (written here, not read from the table).
 # The key-block pass tiles the keys; the forward and the dq pass the queries, which choose the
 # class ("over 64 tokens": more than 64 queries).
-SHORT_16, LONG_16, LONG_16_HEAD_128 = (
-    "16-bit, up to 64 tokens",
+SHORT_16, SHORT_16_HEAD_128, LONG_16, LONG_16_HEAD_128 = (
+    "16-bit, head size up to 64, up to 64 tokens",
+    "16-bit, head size 65-128, up to 64 tokens",
     "16-bit, head size up to 64, over 64 tokens",
     "16-bit, head size 65-128, over 64 tokens",
 )
 BLOCKS = {
     SHORT_16: ((32, 32), (32, 32), (32, 32)),
+    SHORT_16_HEAD_128: ((32, 32), (16, 32), (32, 32)),
     LONG_16: ((64, 32), (32, 32), (64, 64)),
-    LONG_16_HEAD_128: ((64, 32), (32, 32), (32, 32)),
+    LONG_16_HEAD_128: ((64, 32), (16, 32), (32, 32)),
     "float32": ((16, 16), (16, 16), (32, 32)),
 }
 
@@ -84,7 +87,7 @@ ROWS = {
     "fp16-head96-long": (torch.float16, torch.float64, 96, LONG_16_HEAD_128, LONG),
     "bf16-head80-long": (torch.bfloat16, torch.float64, 80, LONG_16_HEAD_128, LONG),
     "fp16-head128-long": (torch.float16, torch.float64, 128, LONG_16_HEAD_128, LONG),
-    "fp16-head80-short": (torch.float16, torch.float64, 80, SHORT_16, SHORT),
+    "fp16-head80-short": (torch.float16, torch.float64, 80, SHORT_16_HEAD_128, SHORT),
     "bf16-head64-short": (torch.bfloat16, torch.float64, 64, SHORT_16, SHORT),
     "fp32-head96": (torch.float32, torch.float32, 96, "float32", FLOAT32),
     "float64-head80": (None, torch.float64, 80, "float32", FLOAT32),
@@ -363,3 +366,37 @@ def test_float64_on_cuda_is_refused_in_one_line():
     assert str(err.value) == "the triton kernels take float64 in the interpreter only, not on CUDA"
     single = torch.zeros(2, 5, 8).as_subclass(PretendCuda)
     assert ta._check(single, single, single, None, None, None, 1, 1.0, 0.0, False) is None
+
+
+def test_the_kernels_read_and_write_fairseqs_layout_without_a_copy(monkeypatch):
+    """q, k, v as the route's module projects them (fairseq's ``(length, bsz*heads, head_dim)``
+    in memory) reach the kernels as they are (the forward's ``Q``, ``K``, ``V`` are their
+    storages); the output, ``dq``, ``dk`` and ``dv`` come back in that layout, so the merge of
+    the heads (``transpose(0, 1).contiguous()``) is the output itself. A tensor in another
+    layout is copied once and gives the same values."""
+    recorded = RecordedKernel(ta._forward_kernel)
+    monkeypatch.setattr(ta, "_forward_kernel", recorded)
+    g = torch.Generator().manual_seed(0)
+    bsz_heads, tgt_len, src_len, head_dim = 6, 9, 11, 8
+    q, k, v = (
+        torch.randn(length, bsz_heads, head_dim, generator=g, dtype=torch.float64)
+        .transpose(0, 1).requires_grad_()
+        for length in (tgt_len, src_len, src_len)
+    )  # fmt: skip
+    out, _ = ta.residual_attention(q, k, v, None, None, None, 3, 1.0, 0.0)
+    assert recorded.launches[0]["Q"] == storage(q)
+    assert (recorded.launches[0]["K"], recorded.launches[0]["V"]) == (storage(k), storage(v))
+    assert out.shape == (bsz_heads, tgt_len, head_dim)
+    assert out.transpose(0, 1).is_contiguous() and not out.is_contiguous()
+    assert out.transpose(0, 1).contiguous().data_ptr() == out.data_ptr()
+    d_out = torch.randn(out.shape, generator=g, dtype=out.dtype)  # contiguous: copied
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), d_out)
+    for grad in (dq, dk, dv):
+        assert grad.transpose(0, 1).is_contiguous() and not grad.is_contiguous()
+    # the same inputs as contiguous (bsz*heads, length, head_dim) tensors: copied, same values
+    leaves = [t.detach().contiguous().requires_grad_() for t in (q, k, v)]
+    out2, _ = ta.residual_attention(*leaves, None, None, None, 3, 1.0, 0.0)
+    assert recorded.launches[1]["Q"] != storage(leaves[0])
+    assert torch.equal(out2, out)
+    for a, b in zip(torch.autograd.grad(out2, leaves, d_out), (dq, dk, dv)):
+        assert torch.equal(a, b)

@@ -187,8 +187,8 @@ class StreamLink:
         if stream is None:
             raise RuntimeError(
                 "residual attention: the chain's kept score stream is gone: a second backward "
-                "through the same graph (retain_graph=True); XX "
-                "for this"
+                "through the same graph (retain_graph=True); set the attention modules' "
+                "one_stream_per_chain to False for this"
             )
         if stream._version != self.version:
             raise RuntimeError(

@@ -7,7 +7,6 @@ T x T tensor is kept. Imports triton.
 from typing import Optional, Tuple
 
 import torch
-import triton
 from torch import Tensor
 
 from .shared import MASK_VALUE, _current_graph_task_id, stream_dtype
@@ -18,19 +17,21 @@ from .triton_concat_kernels import (
 )
 from .triton_concat_launch import concat_launch_config
 from .triton_function import (
+    Call,
+    Launch,
     _capability,
     _check,
     _device_of,
     _grid,
-    _masks,
-    _options,
-    _strides2,
-    _upcast,
     draw_dropout_seed,
-    dropout_threshold,
+    empty_rows,
+    in_rows_layout,
+    kernel_call,
+    launch_delta,
+    launch_of,
+    masks_of,
+    without_masks,
 )
-from .triton_kernels import _delta_kernel
-from .triton_launch import padded_head_dim
 
 
 class ConcatBuffers:
@@ -100,43 +101,67 @@ class ConcatBuffers:
         return dq, dk
 
 
+def _concat_forward(v, buffers, layer_idx, call: Call, launch: Launch):
+    """The concat forward kernel: ``(out, rowmax, rowsum)``."""
+    bh, src_len, head_dim = v.shape
+    tgt_len = buffers.queries.size(1)
+    sdtype = stream_dtype(v.dtype)
+    out = empty_rows(bh, tgt_len, v)
+    rowmax = v.new_empty((bh, tgt_len), dtype=sdtype)
+    rowsum = v.new_empty((bh, tgt_len), dtype=sdtype)
+    cfg = concat_launch_config("concat_forward", head_dim, v.dtype, _capability(v.device))
+    _concat_forward_kernel[_grid(tgt_len, cfg.block_m, bh)](
+        buffers.queries, buffers.keys, v, out, rowmax, rowsum, call.attn_mask,
+        call.key_padding_mask, layer_idx + 1, buffers.depth, *launch.scalars,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **launch.flags, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out, rowmax, rowsum
+
+
+def _concat_backward(saved, d_out, buffers, layer_idx, call: Call, launch: Launch):
+    """The concat backward kernels: ``delta``, the key-block pass (``dv``; the keys' gradients
+    of slices ``0..layer_idx`` added to the chain's buffer), the query-block pass (the
+    queries'): returns ``dv``."""
+    v, out, rowmax, rowsum = saved
+    bh, src_len, head_dim = v.shape
+    tgt_len = out.size(1)
+    grad_q, grad_k = buffers.gradients()
+    dv = empty_rows(bh, src_len, v)
+    delta = launch_delta(out, d_out, launch)
+    capability = _capability(v.device)
+    tensors = (buffers.queries, buffers.keys, v, d_out, rowmax, rowsum, delta)
+    masks = (call.attn_mask, call.key_padding_mask, layer_idx + 1, buffers.depth)
+    cfg = concat_launch_config("concat_backward", head_dim, v.dtype, capability)
+    _concat_backward_kernel[_grid(src_len, cfg.block_n, bh)](
+        *tensors, grad_k, dv, *masks, *launch.scalars, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, **launch.flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    cfg = concat_launch_config("concat_dq", head_dim, v.dtype, capability)
+    _concat_dq_kernel[_grid(tgt_len, cfg.block_m, bh)](
+        *tensors, grad_q, *masks, *launch.scalars, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        **launch.flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return dv
+
+
 class _ConcatAttention(torch.autograd.Function):
+    """``q`` ``(bsz*heads, tgt_len, head_dim)``, ``k`` ``(bsz*heads, src_len, head_dim)``
+    (copied into the chain's ``buffers``), ``v`` in the kernels' layout, the previous layer's
+    ``link`` (an empty tensor), ``call`` a :class:`Call`, ``layer_idx`` -> ``(attn, link)``."""
+
     @staticmethod
-    def forward(
-        ctx, q, k, v, link, key_padding_mask, attn_mask, buffers, layer_idx, num_heads, divisor,
-        dropout_p, mask_value, causal,
-    ):  # fmt: skip
+    def forward(ctx, q, k, v, link, call, buffers, layer_idx):
         buffers.write(layer_idx, q, k)
-        bh, tgt_len, head_dim = q.shape
-        src_len = k.size(1)
-        sdtype = stream_dtype(q.dtype)
-        out = torch.empty((bh, tgt_len, head_dim), dtype=q.dtype, device=q.device)
-        rowmax = torch.empty((bh, tgt_len), dtype=sdtype, device=q.device)
-        rowsum = torch.empty((bh, tgt_len), dtype=sdtype, device=q.device)
-        seed = draw_dropout_seed() if dropout_p > 0 else 0
-        acc, precision = _options(q)
-        cfg = concat_launch_config("concat_forward", head_dim, q.dtype, _capability(q.device))
-        mask, kpm = _masks(attn_mask, key_padding_mask, sdtype)
-        qb, kb = buffers.queries, buffers.keys
+        seed = draw_dropout_seed() if call.dropout_p > 0 else 0
+        launch = launch_of(q, k.size(1), call, seed)
         with _device_of(q):
-            _concat_forward_kernel[_grid(tgt_len, cfg.block_m, bh)](
-                qb, kb, v, out, rowmax, rowsum, mask, kpm,
-                qb.stride(0), qb.stride(1), kb.stride(0), kb.stride(1), *v.stride(),
-                *_strides2(mask), *_strides2(kpm),
-                tgt_len, src_len, num_heads, layer_idx + 1, float(divisor), float(mask_value),
-                float(dropout_p), dropout_threshold(dropout_p), seed,
-                HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
-                BLOCK_N=cfg.block_n, HAS_MASK=attn_mask is not None,
-                HAS_KPM=key_padding_mask is not None, DIVIDE=divisor != 1.0,
-                DROPOUT=dropout_p > 0, CAUSAL=causal, ACC=acc, PRECISION=precision,
-                UPCAST=_upcast(q), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )  # fmt: skip
+            out, rowmax, rowsum = _concat_forward(v, buffers, layer_idx, call, launch)
         # nothing T x T: the values, the output and the row statistics; q and k are in the
         # chain's buffers, which ctx holds
-        ctx.save_for_backward(v, out, rowmax, rowsum, mask, kpm)
+        ctx.save_for_backward(v, out, rowmax, rowsum, *masks_of(call))
+        ctx.call, ctx.launch = without_masks(call), launch
         ctx.buffers, ctx.layer_idx = buffers, layer_idx
-        ctx.has_mask, ctx.has_kpm, ctx.causal = attn_mask is not None, kpm is not None, causal
-        ctx.params = (num_heads, float(divisor), float(dropout_p), float(mask_value), seed)
         ctx.q_dtype = q.dtype
         ctx.set_materialize_grads(False)
         # the link to the next layer: an empty tensor whose node runs this backward after the
@@ -145,60 +170,18 @@ class _ConcatAttention(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out, d_link):
-        v, out, rowmax, rowsum, mask, kpm = ctx.saved_tensors
-        num_heads, divisor, dropout_p, mask_value, seed = ctx.params
+        *saved, attn_mask, key_padding_mask = ctx.saved_tensors
+        call = ctx.call._replace(attn_mask=attn_mask, key_padding_mask=key_padding_mask)
         buffers, layer_idx = ctx.buffers, ctx.layer_idx
-        grad_q, grad_k = buffers.gradients()
-        qb, kb = buffers.queries, buffers.keys
-        bh, tgt_len, head_dim = out.shape
-        src_len = v.size(1)
-        dv = torch.zeros_like(v, memory_format=torch.contiguous_format)
-        if d_out is not None:
-            capability = _capability(out.device)
-            acc, precision = _options(out)
-            block_d = padded_head_dim(head_dim)
-            delta = torch.empty((bh, tgt_len), dtype=rowmax.dtype, device=out.device)
-            delta_cfg = concat_launch_config("delta", head_dim, out.dtype, capability)
-            cfg = concat_launch_config("concat_backward", head_dim, out.dtype, capability)
-            dq_cfg = concat_launch_config("concat_dq", head_dim, out.dtype, capability)
-            common = (
-                *_strides2(mask), *_strides2(kpm), tgt_len, src_len, num_heads, layer_idx + 1,
-                divisor, mask_value, dropout_p, dropout_threshold(dropout_p), seed,
-            )  # fmt: skip
-            flags = dict(
-                HEAD_DIM=head_dim,
-                BLOCK_D=block_d,
-                HAS_MASK=ctx.has_mask,
-                HAS_KPM=ctx.has_kpm,
-                DIVIDE=divisor != 1.0,
-                DROPOUT=dropout_p > 0,
-                CAUSAL=ctx.causal,
-                ACC=acc,
-                PRECISION=precision,
-                UPCAST=_upcast(out),
-            )
-            inputs = (qb.stride(0), qb.stride(1), kb.stride(0), kb.stride(1), *v.stride(),
-                      *d_out.stride())  # fmt: skip
-            with _device_of(out):
-                _delta_kernel[(triton.cdiv(bh * tgt_len, delta_cfg.block_m),)](
-                    out, d_out, delta, *d_out.stride(), bh * tgt_len, tgt_len,
-                    HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=delta_cfg.block_m, ACC=acc,
-                    num_warps=delta_cfg.num_warps, num_stages=delta_cfg.num_stages,
-                )  # fmt: skip
-                _concat_backward_kernel[_grid(src_len, cfg.block_n, bh)](
-                    qb, kb, v, d_out, rowmax, rowsum, delta, grad_k, dv, mask, kpm,
-                    *inputs, grad_k.stride(0), grad_k.stride(1), *common,
-                    BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **flags,
-                    num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-                )  # fmt: skip
-                _concat_dq_kernel[_grid(tgt_len, dq_cfg.block_m, bh)](
-                    qb, kb, v, d_out, rowmax, rowsum, delta, grad_q, mask, kpm,
-                    *inputs, grad_q.stride(0), grad_q.stride(1), *common,
-                    BLOCK_M=dq_cfg.block_m, BLOCK_N=dq_cfg.block_n, **flags,
-                    num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
-                )  # fmt: skip
+        if d_out is None:
+            buffers.gradients()  # the earlier layers' gradients may still arrive
+            dv = torch.zeros_like(saved[0])
+        else:
+            with _device_of(d_out):
+                dv = _concat_backward(saved, in_rows_layout(d_out), buffers, layer_idx, call,
+                                      ctx.launch)  # fmt: skip
         dq, dk = buffers.hand_down(layer_idx, ctx.q_dtype)
-        return dq, dk, dv, None, None, None, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None
 
 
 class _StreamOfBuffers(torch.autograd.Function):
@@ -288,9 +271,8 @@ def concat_residual_attention(
             f"the chain's ({buffers.head_dim}, {buffers.queries.dtype})"
         )
     link = prev_link if prev_link is not None else q.new_empty(0)
-    attn, out_link = _ConcatAttention.apply(
-        q, k, v, link, key_padding_mask, attn_mask, buffers, layer_idx, num_heads,
-        float(softmax_divisor), float(dropout_p), float(mask_value), bool(causal),
-    )  # fmt: skip
+    call = kernel_call(key_padding_mask, attn_mask, num_heads, softmax_divisor, dropout_p,
+                       mask_value, causal, stream_dtype(q.dtype))  # fmt: skip
+    attn, out_link = _ConcatAttention.apply(q, k, in_rows_layout(v), link, call, buffers, layer_idx)
     out_link.concat_buffers = buffers
     return attn, out_link

@@ -17,8 +17,8 @@ _INTERPRETER = KernelConfig(16, 16, 4, 1)
 _DELTA = KernelConfig(64, 16, 4, 1)
 
 # (bytes per input element, padded head size) -> kernel -> config, for A100 (sm_80) and
-# H100/H200 (sm_90) alike; each compiles without spills with every optional input on
-# (tests/test_triton_concat_compile.py)
+# H100/H200 (sm_90) alike but for ``_SM90``; each compiles without spills with every optional
+# input on, as triton's own ptxas call compiles it (tests/test_triton_concat_compile.py)
 _LAUNCH_TABLE = {
     (2, 32): {
         "concat_forward": KernelConfig(64, 32, 4, 2),
@@ -33,7 +33,7 @@ _LAUNCH_TABLE = {
     (2, 128): {
         "concat_forward": KernelConfig(64, 32, 8, 2),
         "concat_backward": KernelConfig(16, 32, 8, 1),
-        "concat_dq": KernelConfig(32, 32, 8, 1),
+        "concat_dq": KernelConfig(32, 32, 4, 1),
     },
     # float32: tl.dot in full precision (FMA, not tensor cores)
     (4, None): {
@@ -42,6 +42,11 @@ _LAUNCH_TABLE = {
         "concat_dq": KernelConfig(16, 16, 4, 1),
     },
 }
+
+
+# where sm_90 takes another configuration than sm_80: float32's key-block pass spills with 8
+# warps there and with 4 on sm_80
+_SM90 = {(4, None): {"concat_backward": KernelConfig(16, 16, 4, 1)}}
 
 
 def concat_launch_config(
@@ -60,8 +65,10 @@ def concat_launch_config(
     if d > MAX_HEAD_DIM:
         raise ValueError(f"the triton kernels take head sizes up to {MAX_HEAD_DIM}, got {head_dim}")
     width = min(torch.finfo(dtype).bits // 8, 4)  # float64 (off the GPU table) as float32
-    row = _LAUNCH_TABLE[(2, max(d, 32))] if width == 2 else _LAUNCH_TABLE[(4, None)]
-    return row[kernel]
+    key = (2, max(d, 32)) if width == 2 else (4, None)
+    if tuple(capability) >= (9, 0) and kernel in _SM90.get(key, {}):
+        return _SM90[key][kernel]
+    return _LAUNCH_TABLE[key][kernel]
 
 
 def concat_launch_configs(head_dim: int, dtype: torch.dtype, capability: Tuple[int, int]):

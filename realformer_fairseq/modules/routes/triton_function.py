@@ -5,7 +5,7 @@ configurations of :mod:`.triton_launch`. Imports triton.
 
 import contextlib
 import functools
-from typing import Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 import torch
 import triton
@@ -79,135 +79,195 @@ def _device_of(t: Tensor):
     return torch.cuda.device(t.device) if t.device.type == "cuda" else contextlib.nullcontext()
 
 
-def _upcast(q: Tensor) -> bool:
-    """Whether the dots run on float32 copies: bfloat16 in the interpreter (CPU tensors)."""
-    return q.dtype == torch.bfloat16 and q.device.type == "cpu"
-
-
-def _options(q: Tensor):
-    """The kernels' accumulator dtype and tl.dot's precision for inputs like ``q``: float32
-    products on full-precision float32 (no TF32, as eager's default), float64 for float64."""
-    acc = tl.float64 if q.dtype == torch.float64 else tl.float32
-    return acc, "ieee"
-
-
 def _grid(length: int, block: int, bsz_heads: int) -> Tuple[int]:
     """The launch grid of one program per (bsz*heads, block of ``length``), folded into the
     first axis (up to 2**31 - 1 programs; the second and third axes stop at 65,535)."""
     return (triton.cdiv(length, block) * bsz_heads,)
 
 
+def in_rows_layout(x: Tensor) -> Tensor:
+    """``x`` ``(bsz*heads, length, head_dim)`` in the kernels' layout, ``(length, bsz*heads,
+    head_dim)`` in memory: itself where fairseq's projection made it, else a copy."""
+    if x.transpose(0, 1).is_contiguous():
+        return x
+    return x.transpose(0, 1).contiguous().transpose(0, 1)
+
+
+def empty_rows(bsz_heads: int, length: int, like: Tensor, dtype=None) -> Tensor:
+    """A new ``(bsz*heads, length, head_dim)`` tensor in the kernels' layout: what fairseq's
+    merge of the heads (``attn.transpose(0, 1).contiguous()``) reads without a copy."""
+    shape = (length, bsz_heads, like.size(-1))
+    return like.new_empty(shape, dtype=dtype or like.dtype).transpose(0, 1)
+
+
+class Call(NamedTuple):
+    """What one layer's kernels take besides its tensors: the masks as the kernels read them
+    (the additive one contiguous in the stream's dtype, key padding contiguous int8), and the
+    scalars, in the kernels' order from ``num_heads`` on."""
+
+    attn_mask: Optional[Tensor]  # (tgt_len, src_len)
+    key_padding_mask: Optional[Tensor]  # (bsz, src_len), nonzero at padded keys
+    num_heads: int
+    divisor: float  # 1 for the running sum, layer_idx + 1 for the running mean
+    mask_value: float
+    dropout_p: float
+    causal: bool
+
+
+def kernel_call(
+    key_padding_mask, attn_mask, num_heads, divisor, dropout_p, mask_value, causal, sdtype
+) -> Call:
+    mask = attn_mask.to(sdtype).contiguous() if attn_mask is not None else None
+    kpm = key_padding_mask.to(torch.int8).contiguous() if key_padding_mask is not None else None
+    return Call(mask, kpm, num_heads, float(divisor), float(mask_value), float(dropout_p),
+                bool(causal))  # fmt: skip
+
+
+def masks_of(call: Call) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """The call's masks, which its node saves for backward (``save_for_backward``)."""
+    return call.attn_mask, call.key_padding_mask
+
+
+def without_masks(call: Call) -> Call:
+    """The call as its node keeps it: the masks are saved tensors."""
+    return call._replace(attn_mask=None, key_padding_mask=None)
+
+
+class Launch(NamedTuple):
+    """One layer's runtime scalars and compile-time flags, built once for its forward and its
+    backward: ``scalars`` in the kernels' order (``bsz_heads`` .. ``seed``)."""
+
+    scalars: Tuple
+    flags: Dict[str, object]
+
+
+def launch_of(q: Tensor, src_len: int, call: Call, seed: int) -> Launch:
+    bh, tgt_len, head_dim = q.shape
+    scalars = (
+        bh, tgt_len, src_len, call.num_heads, call.divisor, call.mask_value, call.dropout_p,
+        dropout_threshold(call.dropout_p), seed,
+    )  # fmt: skip
+    flags = dict(
+        HEAD_DIM=head_dim,
+        BLOCK_D=padded_head_dim(head_dim),
+        DIVIDE=call.divisor != 1.0,
+        DROPOUT=call.dropout_p > 0,
+        CAUSAL=call.causal,
+        # float32 accumulation (float64 for float64); bfloat16 dots on float32 copies in the
+        # interpreter, whose numpy has no bfloat16
+        ACC=tl.float64 if q.dtype == torch.float64 else tl.float32,
+        UPCAST=q.dtype == torch.bfloat16 and q.device.type == "cpu",
+    )
+    return Launch(scalars, flags)
+
+
+def launch_delta(out: Tensor, d_out: Tensor, launch: Launch) -> Tensor:
+    """``delta = rowsum(d_out * out)`` ``(bsz*heads, tgt_len)``, in the stream's dtype."""
+    bh, tgt_len, head_dim = out.shape
+    delta = out.new_empty((bh, tgt_len), dtype=stream_dtype(out.dtype))
+    cfg = launch_config("delta", head_dim, out.dtype, _capability(out.device), tgt_len)
+    flags = launch.flags
+    _delta_kernel[_grid(tgt_len, cfg.block_m, bh)](
+        out, d_out, delta, bh, tgt_len, HEAD_DIM=flags["HEAD_DIM"], BLOCK_D=flags["BLOCK_D"],
+        BLOCK_M=cfg.block_m, ACC=flags["ACC"], num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return delta
+
+
+def _forward(q, k, v, prev, call: Call, launch: Launch):
+    """The forward kernel: ``(out, stream, rowmax, rowsum)``."""
+    bh, tgt_len, head_dim = q.shape
+    src_len = k.size(1)
+    sdtype = stream_dtype(q.dtype)
+    stream = q.new_empty((bh, tgt_len, src_len), dtype=sdtype)
+    out = empty_rows(bh, tgt_len, q)
+    rowmax = q.new_empty((bh, tgt_len), dtype=sdtype)
+    rowsum = q.new_empty((bh, tgt_len), dtype=sdtype)
+    cfg = launch_config("forward", head_dim, q.dtype, _capability(q.device), tgt_len)
+    _forward_kernel[_grid(tgt_len, cfg.block_m, bh)](
+        q, k, v, prev, stream, out, rowmax, rowsum, call.attn_mask, call.key_padding_mask,
+        *launch.scalars, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, **launch.flags,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return out, stream, rowmax, rowsum
+
+
+def _backward(saved, stream, d_out, d_stream, d_scores, call: Call, launch: Launch, rebuild):
+    """The backward kernels: ``delta``, the key-block pass (``dk``, ``dv``, the stream gradient
+    ``d_scores``; ``stream`` rebuilt as the previous one where ``rebuild``), the dq pass."""
+    q, k, v, out, rowmax, rowsum = saved
+    bh, tgt_len, head_dim = q.shape
+    src_len = k.size(1)
+    capability = _capability(q.device)
+    dq, dk, dv = empty_rows(bh, tgt_len, q), empty_rows(bh, src_len, k), empty_rows(bh, src_len, v)
+    delta = launch_delta(out, d_out, launch)
+    cfg = launch_config("backward", head_dim, q.dtype, capability, src_len)
+    _backward_kernel[_grid(src_len, cfg.block_n, bh)](
+        q, k, v, stream, d_out, rowmax, rowsum, delta, d_stream, d_scores, dk, dv,
+        call.attn_mask, call.key_padding_mask, *launch.scalars, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, **launch.flags, REBUILD=rebuild, num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )  # fmt: skip
+    cfg = launch_config("dq", head_dim, q.dtype, capability, tgt_len)
+    flags = launch.flags
+    _dq_kernel[_grid(tgt_len, cfg.block_m, bh)](
+        d_scores, k, dq, rowmax, bh, tgt_len, src_len, call.mask_value,
+        HEAD_DIM=flags["HEAD_DIM"], BLOCK_D=flags["BLOCK_D"], BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, CAUSAL=flags["CAUSAL"], ACC=flags["ACC"], UPCAST=flags["UPCAST"],
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return dq, dk, dv
+
+
 class _ResidualAttention(torch.autograd.Function):
+    """``q`` ``(bsz*heads, tgt_len, head_dim)``, ``k`` and ``v`` ``(bsz*heads, src_len,
+    head_dim)`` in the kernels' layout, ``prev`` ``(bsz*heads, tgt_len, src_len)`` contiguous
+    or None, ``call`` a :class:`Call`, ``links`` (in, out) -> ``(attn, stream)``."""
+
     @staticmethod
-    def forward(
-        ctx, q, k, v, prev, key_padding_mask, attn_mask, num_heads, divisor, dropout_p, mask_value,
-        causal, link_in, link_out,
-    ):  # fmt: skip
-        bh, tgt_len, head_dim = q.shape
-        src_len = k.size(1)
-        sdtype = stream_dtype(q.dtype)
-        stream = torch.empty((bh, tgt_len, src_len), dtype=sdtype, device=q.device)
-        out = torch.empty((bh, tgt_len, head_dim), dtype=q.dtype, device=q.device)
-        rowmax = torch.empty((bh, tgt_len), dtype=sdtype, device=q.device)
-        rowsum = torch.empty((bh, tgt_len), dtype=sdtype, device=q.device)
-        seed = draw_dropout_seed() if dropout_p > 0 else 0
-        acc, precision = _options(q)
-        cfg = launch_config("forward", head_dim, q.dtype, _capability(q.device), tgt_len)
-        mask, kpm = _masks(attn_mask, key_padding_mask, sdtype)
-        prev_arg = prev if prev is not None else stream  # never read without HAS_PREV
+    def forward(ctx, q, k, v, prev, call, links):
+        seed = draw_dropout_seed() if call.dropout_p > 0 else 0
+        launch = launch_of(q, k.size(1), call, seed)
         with _device_of(q):
-            _forward_kernel[_grid(tgt_len, cfg.block_m, bh)](
-                q, k, v, prev_arg, stream, out, rowmax, rowsum, mask, kpm,
-                *q.stride(), *k.stride(), *v.stride(), *prev_arg.stride(),
-                *_strides2(mask), *_strides2(kpm),
-                tgt_len, src_len, num_heads, float(divisor), float(mask_value), float(dropout_p),
-                dropout_threshold(dropout_p), seed,
-                HEAD_DIM=head_dim, BLOCK_D=padded_head_dim(head_dim), BLOCK_M=cfg.block_m,
-                BLOCK_N=cfg.block_n, HAS_PREV=prev is not None, HAS_MASK=attn_mask is not None,
-                HAS_KPM=key_padding_mask is not None, DIVIDE=divisor != 1.0,
-                DROPOUT=dropout_p > 0, CAUSAL=causal,
-                ACC=acc, PRECISION=precision, UPCAST=_upcast(q),
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )  # fmt: skip
-        ctx.save_for_backward(q, k, v, out, rowmax, rowsum, mask, kpm)
+            out, stream, rowmax, rowsum = _forward(q, k, v, prev, call, launch)
+        ctx.save_for_backward(q, k, v, out, rowmax, rowsum, *masks_of(call))
+        ctx.call, ctx.launch, ctx.has_prev = without_masks(call), launch, prev is not None
         # the stream, held by the link: handed to the next layer that reads it, which
         # rebuilds it in its backward (shared.StreamLink)
-        ctx.link_in, ctx.link_out = link_in, link_out
-        link_out.keep(stream)
-        link_out.remember_scores(functools.partial(recomputed_scores, causal=causal), q, k)
-        ctx.has_mask = attn_mask is not None
-        ctx.has_kpm = key_padding_mask is not None
-        ctx.has_prev = prev is not None
-        ctx.causal = causal
-        ctx.params = (num_heads, float(divisor), float(dropout_p), float(mask_value), seed)
+        ctx.link_in, ctx.link_out = links
+        ctx.link_out.keep(stream)
+        ctx.link_out.remember_scores(functools.partial(recomputed_scores, causal=call.causal), q, k)
         ctx.set_materialize_grads(False)
         return out, stream
 
     @staticmethod
     def backward(ctx, d_out, d_stream):
-        q, k, v, out, rowmax, rowsum, mask, kpm = ctx.saved_tensors
-        num_heads, divisor, dropout_p, mask_value, seed = ctx.params
+        *saved, attn_mask, key_padding_mask = ctx.saved_tensors
+        call = ctx.call._replace(attn_mask=attn_mask, key_padding_mask=key_padding_mask)
         link_in = ctx.link_in
         rebuild = link_in is not None and link_in.rebuilder is ctx.link_out
         stream = ctx.link_out.take(release=rebuild)  # S_l: kept, or rebuilt by the layer above
         if rebuild:  # S_{l-1} written over S_l: never over a stream a caller holds
             stream = writable_stream(stream)
-        bh, tgt_len, head_dim = q.shape
-        src_len = k.size(1)
-        sdtype = stream.dtype
-        capability = _capability(q.device)
-        if d_out is None:  # only the stream's gradient arrives: zeros that take no memory
-            d_out = out.new_zeros(()).expand_as(out)
-        acc, precision = _options(q)
-        block_d = padded_head_dim(head_dim)
+        if d_out is None:  # only the stream's gradient arrives
+            d_out = torch.zeros_like(saved[3])
+        if d_stream is not None:
+            d_stream = d_stream.contiguous()
         # the stream gradient: the previous stream's gradient where it has one, else a
         # scratch that only the dq pass reads; written over the incoming gradient where that is
         # this chain's own buffer
-        if _gradient_writable(ctx, d_stream, sdtype):
-            d_scores = d_stream
-        else:
+        d_scores = d_stream if _gradient_writable(ctx, d_stream, stream.dtype) else None
+        if d_scores is None:
             d_scores = torch.empty_like(stream)
-        delta = torch.empty((bh, tgt_len), dtype=sdtype, device=q.device)
-        dq = torch.empty_like(q, memory_format=torch.contiguous_format)
-        dk = torch.empty((bh, src_len, head_dim), dtype=k.dtype, device=q.device)
-        dv = torch.empty((bh, src_len, head_dim), dtype=v.dtype, device=q.device)
-        ds_arg = d_stream if d_stream is not None else stream  # never read without HAS_DSTREAM
-        delta_cfg = launch_config("delta", head_dim, q.dtype, capability, tgt_len)
-        cfg = launch_config("backward", head_dim, q.dtype, capability, src_len)
-        dq_cfg = launch_config("dq", head_dim, q.dtype, capability, tgt_len)
-        with _device_of(q):
-            _delta_kernel[(triton.cdiv(bh * tgt_len, delta_cfg.block_m),)](
-                out, d_out, delta, *d_out.stride(), bh * tgt_len, tgt_len,
-                HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=delta_cfg.block_m, ACC=acc,
-                num_warps=delta_cfg.num_warps, num_stages=delta_cfg.num_stages,
-            )  # fmt: skip
-            _backward_kernel[_grid(src_len, cfg.block_n, bh)](
-                q, k, v, stream, d_out, rowmax, rowsum, delta, ds_arg, d_scores, dk, dv,
-                mask, kpm,
-                *q.stride(), *k.stride(), *v.stride(), *d_out.stride(), *ds_arg.stride(),
-                *_strides2(mask), *_strides2(kpm),
-                tgt_len, src_len, num_heads, divisor, mask_value, dropout_p,
-                dropout_threshold(dropout_p), seed,
-                HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=cfg.block_m,
-                BLOCK_N=cfg.block_n, HAS_DSTREAM=d_stream is not None,
-                HAS_MASK=ctx.has_mask, HAS_KPM=ctx.has_kpm, DIVIDE=divisor != 1.0,
-                DROPOUT=dropout_p > 0, CAUSAL=ctx.causal, REBUILD=rebuild, ACC=acc,
-                PRECISION=precision, UPCAST=_upcast(q),
-                num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-            )  # fmt: skip
-            _dq_kernel[_grid(tgt_len, dq_cfg.block_m, bh)](
-                d_scores, k, dq, rowmax, *k.stride(), tgt_len, src_len, mask_value,
-                HEAD_DIM=head_dim, BLOCK_D=block_d, BLOCK_M=dq_cfg.block_m,
-                BLOCK_N=dq_cfg.block_n, CAUSAL=ctx.causal, ACC=acc, PRECISION=precision,
-                UPCAST=_upcast(q),
-                num_warps=dq_cfg.num_warps, num_stages=dq_cfg.num_stages,
-            )  # fmt: skip
+        with _device_of(stream):
+            dq, dk, dv = _backward(saved, stream, in_rows_layout(d_out), d_stream, d_scores,
+                                   call, ctx.launch, rebuild)  # fmt: skip
         if rebuild:
             link_in.keep(stream)  # now S_{l-1}, for the previous layer's backward
         ctx.link_out.scores = None  # this layer's q and k: needed no longer
-        need_dprev = ctx.has_prev and ctx.needs_input_grad[3]
-        d_prev = d_scores if need_dprev else None
-        return dq, dk, dv, d_prev, None, None, None, None, None, None, None, None, None
+        d_prev = d_scores if ctx.has_prev and ctx.needs_input_grad[3] else None
+        return dq, dk, dv, d_prev, None, None
 
 
 def _gradient_writable(ctx, d_stream: Optional[Tensor], sdtype: torch.dtype) -> bool:
@@ -232,20 +292,6 @@ def recomputed_scores(q: Tensor, k: Tensor, causal: bool) -> Tensor:
     sdtype = stream_dtype(q.dtype)
     raw = torch.bmm(q.to(sdtype), k.to(sdtype).transpose(1, 2))
     return raw.tril_() if causal else raw
-
-
-def _masks(
-    attn_mask: Optional[Tensor], key_padding_mask: Optional[Tensor], sdtype: torch.dtype
-) -> Tuple[Optional[Tensor], Optional[Tensor]]:
-    """The masks as the kernels read them: the additive mask in the stream's dtype (as eager
-    converts it), key padding as int8 (nonzero = padded)."""
-    mask = attn_mask.to(sdtype) if attn_mask is not None else None
-    kpm = key_padding_mask.to(torch.int8) if key_padding_mask is not None else None
-    return mask, kpm
-
-
-def _strides2(t: Optional[Tensor]) -> Tuple[int, int]:
-    return (t.stride(0), t.stride(1)) if t is not None else (0, 0)
 
 
 def residual_attention(
@@ -300,11 +346,12 @@ def residual_attention(
            dropout_p, causal)  # fmt: skip
     link_in = _link_in(prev_attn_scores, (q, k, v), one_stream_per_chain)
     link_out = StreamLink(route="triton", kept="stream")
+    call = kernel_call(key_padding_mask, attn_mask, num_heads, softmax_divisor, dropout_p,
+                       mask_value, causal, stream_dtype(q.dtype))  # fmt: skip
+    prev = prev_attn_scores.contiguous() if prev_attn_scores is not None else None
     attn, stream = _ResidualAttention.apply(
-        q, k, v, prev_attn_scores, key_padding_mask, attn_mask, num_heads,
-        float(softmax_divisor), float(dropout_p), float(mask_value), bool(causal), link_in,
-        link_out,
-    )  # fmt: skip
+        in_rows_layout(q), in_rows_layout(k), in_rows_layout(v), prev, call, (link_in, link_out)
+    )
     if link_in is not None:
         link_in.hand_over(link_out, prev_attn_scores)
     return attn, stream

@@ -37,31 +37,32 @@ SHORT = 64
 # and the others (sm_86/89: 99 KB of shared memory per block) have the same 64K registers per
 # SM, and the register file, not shared memory, is what bounds these kernels. Each row compiles
 # without register spills for sm_80 and sm_90 (and sm_86 at float16, head 128) with every
-# optional input on, causal or with a mask (tests/test_triton_compile.py); its registers, shared
-# memory and blocks per SM: docs/benchmarks.md, "Launch configurations of the triton route".
-# Backward (key-block pass) blocks are 32 x 32: larger ones spill with every input on.
+# optional input on, causal or with a mask, as triton's own ptxas call compiles it
+# (tests/test_triton_compile.py); its registers, shared memory and blocks per SM:
+# docs/benchmarks.md, "Launch configurations of the triton route". The key-block pass runs
+# one pipeline stage, 16 queries per step at head 128: more spill with every input on.
 _DELTA = KernelConfig(64, 16, 4, 1)  # block_m rows of (bsz*heads*tgt_len, head_dim) per program
-_SHORT_16BIT = {"forward": KernelConfig(32, 32, 4, 2), "dq": KernelConfig(32, 32, 4, 2)}
+_SHORT_16BIT = {"forward": KernelConfig(32, 32, 4, 2), "dq": KernelConfig(32, 32, 4, 1)}
 _LAUNCH_TABLE = {
     (2, 32): {
         "forward": {"long": KernelConfig(64, 32, 8, 2), "short": _SHORT_16BIT["forward"]},
-        "backward": {"long": KernelConfig(32, 32, 4, 2), "short": KernelConfig(32, 32, 4, 2)},
+        "backward": {"long": KernelConfig(32, 32, 4, 1), "short": KernelConfig(32, 32, 4, 1)},
         "dq": {"long": KernelConfig(64, 64, 4, 2), "short": _SHORT_16BIT["dq"]},
     },
     (2, 64): {
         "forward": {"long": KernelConfig(64, 32, 8, 2), "short": _SHORT_16BIT["forward"]},
-        "backward": {"long": KernelConfig(32, 32, 4, 2), "short": KernelConfig(32, 32, 4, 2)},
+        "backward": {"long": KernelConfig(32, 32, 4, 1), "short": KernelConfig(32, 32, 4, 1)},
         "dq": {"long": KernelConfig(64, 64, 4, 2), "short": _SHORT_16BIT["dq"]},
     },
     (2, 128): {
         "forward": {"long": KernelConfig(64, 32, 8, 2), "short": _SHORT_16BIT["forward"]},
-        "backward": {"long": KernelConfig(32, 32, 8, 1), "short": KernelConfig(32, 32, 8, 1)},
+        "backward": {"long": KernelConfig(16, 32, 8, 1), "short": KernelConfig(16, 32, 8, 1)},
         "dq": {"long": _SHORT_16BIT["dq"], "short": _SHORT_16BIT["dq"]},
     },
     # float32 (tl.dot in full precision: FMA, not tensor cores) at every head size
     (4, None): {
         "forward": {"long": KernelConfig(16, 16, 4, 1), "short": KernelConfig(16, 16, 4, 1)},
-        "backward": {"long": KernelConfig(16, 16, 8, 1), "short": KernelConfig(16, 16, 8, 1)},
+        "backward": {"long": KernelConfig(16, 16, 16, 1), "short": KernelConfig(16, 16, 16, 1)},
         "dq": {"long": KernelConfig(32, 32, 4, 1), "short": KernelConfig(32, 32, 4, 1)},
     },
 }
