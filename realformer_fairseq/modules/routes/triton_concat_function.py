@@ -131,16 +131,16 @@ def _concat_backward(saved, d_out, buffers, layer_idx, call: Call, launch: Launc
     delta = launch_delta(out, d_out, launch)
     capability = _capability(v.device)
     tensors = (buffers.queries, buffers.keys, v, d_out, rowmax, rowsum, delta)
-    masks = (call.attn_mask, call.key_padding_mask, layer_idx + 1, buffers.depth)
+    masks_and_slices = (call.attn_mask, call.key_padding_mask, layer_idx + 1, buffers.depth)
     cfg = concat_launch_config("concat_backward", head_dim, v.dtype, capability)
     _concat_backward_kernel[_grid(src_len, cfg.block_n, bh)](
-        *tensors, grad_k, dv, *masks, *launch.scalars, BLOCK_M=cfg.block_m,
+        *tensors, grad_k, dv, *masks_and_slices, *launch.scalars, BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n, **launch.flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     cfg = concat_launch_config("concat_dq", head_dim, v.dtype, capability)
     _concat_dq_kernel[_grid(tgt_len, cfg.block_m, bh)](
-        *tensors, grad_q, *masks, *launch.scalars, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
-        **launch.flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        *tensors, grad_q, *masks_and_slices, *launch.scalars, BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n, **launch.flags, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return dv
 

@@ -93,11 +93,11 @@ def in_rows_layout(x: Tensor) -> Tensor:
     return x.transpose(0, 1).contiguous().transpose(0, 1)
 
 
-def empty_rows(bsz_heads: int, length: int, like: Tensor, dtype=None) -> Tensor:
-    """A new ``(bsz*heads, length, head_dim)`` tensor in the kernels' layout: what fairseq's
-    merge of the heads (``attn.transpose(0, 1).contiguous()``) reads without a copy."""
-    shape = (length, bsz_heads, like.size(-1))
-    return like.new_empty(shape, dtype=dtype or like.dtype).transpose(0, 1)
+def empty_rows(bsz_heads: int, length: int, like: Tensor) -> Tensor:
+    """A new ``(bsz*heads, length, head_dim)`` tensor of ``like``'s dtype in the kernels'
+    layout: what fairseq's merge of the heads (``attn.transpose(0, 1).contiguous()``) reads
+    without a copy."""
+    return like.new_empty((length, bsz_heads, like.size(-1))).transpose(0, 1)
 
 
 class Call(NamedTuple):

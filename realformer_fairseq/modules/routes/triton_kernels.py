@@ -299,12 +299,9 @@ def _forward_kernel(
         )  # fmt: skip
     if CAUSAL:  # -- the blocks after the diagonal ----
         only_fill = tl.min(tl.where(offs_m < tgt_len, m_i, 0.0)) <= mask_value
-        stream = STREAM + bh.to(tl.int64) * tgt_len * src_len
         for start_n in range(tl.cdiv(hi, BLOCK_N) * BLOCK_N, src_len, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)
-            tl.store(stream + offs_m[:, None] * src_len + offs_n[None, :],
-                     tl.zeros([BLOCK_M, BLOCK_N], ACC),
-                     mask=(offs_m < tgt_len)[:, None] & (offs_n < src_len)[None, :])  # fmt: skip
+            offs, tile = _score_tile(bh, offs_m, start_n + tl.arange(0, BLOCK_N), tgt_len, src_len)
+            tl.store(STREAM + offs, tl.zeros([BLOCK_M, BLOCK_N], ACC), mask=tile)
             if only_fill:
                 l_i, acc = _fill_only_step(
                     m_i, l_i, acc, V, bh, offs_m, start_n, bsz_heads, tgt_len, src_len,
